@@ -1,0 +1,84 @@
+"""Metric names and reductions shared by both engines.
+
+Names follow verl's where verl logs the same quantity (``actor/entropy``, ``response_length/mean``,
+``critic/score/mean``, ...) so dashboards carry over; DAPO-specific ones live under ``dapo/``.
+``METRIC_DOCS`` holds one line per metric (what it means, what healthy looks like); the README's metric
+table is checked against it by the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+METRIC_DOCS: dict[str, str] = {
+    # policy update (averaged over the step's mini-batch updates)
+    "actor/pg_loss": "policy-gradient loss of the mini-batches; noisy, no trend expected",
+    "actor/entropy": "mean per-token entropy of the policy on the trained responses; should fall slowly, not collapse toward 0 (Clip-Higher's purpose)",
+    "actor/pg_clipfrac": "fraction of tokens whose clip bound is active (zero gradient); a few percent is healthy, >20% means too many updates per rollout or too high a learning rate",
+    "actor/pg_clipfrac_lower": "fraction of tokens where the dual clip (clip_ratio_c, A<0) bounds the loss; near 0",
+    "actor/ppo_kl": "mean old_log_prob - log_prob over trained tokens: how far the mini-batch updates moved the policy; small (<0.01)",
+    "actor/grad_norm": "gradient norm before clipping; spikes signal instability",
+    "actor/lr": "learning rate after warm-up scheduling",
+    "dapo/clipfrac_high": "fraction of tokens with A>0 clipped at 1+clip_ratio_high (Clip-Higher's upper bound acting)",
+    "dapo/clipfrac_low": "fraction of tokens with A<0 clipped at 1-clip_ratio_low",
+    # rollouts
+    "response_length/mean": "mean response length in tokens; grows as reasoning lengthens in long-CoT training",
+    "response_length/max": "longest response in the batch",
+    "response_length/min": "shortest response in the batch",
+    "response_length/clip_ratio": "fraction of responses cut at max_response_length (truncated, no EOS); rising means the length budget binds",
+    "dapo/overlong_frac": "fraction of trained responses that were truncated (masked out of the loss by overlong filtering when on)",
+    "dapo/overlong_penalty/mean": "mean soft overlong punishment added to the score (0 until responses enter the buffer)",
+    "critic/score/mean": "mean task score (+1 correct / -1 wrong, before length shaping) of the trained responses; should rise",
+    "critic/rewards/mean": "mean shaped reward (score + overlong penalty) of the trained responses",
+    "critic/advantages/mean": "mean advantage over valid tokens; near 0 by construction",
+    "critic/advantages/max": "largest advantage in the batch",
+    "critic/advantages/min": "smallest advantage in the batch",
+    "train/acc/mean": "mean accuracy of every generated response this step, before the group filter; should rise",
+    # dynamic sampling (see dapo.sampling)
+    "train/num_gen_batches": "generation rounds needed to fill the train batch (1 = no refill needed)",
+    "dapo/kept_group_frac": "fraction of generated groups with mixed accuracy (kept); falling means prompts are saturating",
+    "dapo/filtered_all_correct": "groups dropped this step because every response was correct",
+    "dapo/filtered_all_wrong": "groups dropped this step because every response was wrong",
+    "dapo/surplus_groups": "kept groups beyond the train batch (discarded, or carried when carry-over is on)",
+    "dapo/carried_groups": "groups carried in from the previous step (carry-over)",
+    "dapo/skipped_prompts": "prompts skipped before generation as saturated (saturation skip)",
+    "dapo/generated_per_trained": "responses generated per trained response; 1 is the floor, lower is cheaper",
+    # timing
+    "timing_s/gen": "seconds spent generating this step (all rounds)",
+    "timing_s/update_actor": "seconds spent in the policy update this step",
+    "timing_s/step": "seconds for the whole step",
+    # validation
+    "val-core/{data_source}/acc/mean@{k}": "validation accuracy averaged over k samples per problem (AIME: avg@32); should rise",
+    "val-aux/{data_source}/score/mean@{k}": "validation score (+1/-1) averaged over k samples per problem",
+    "val-aux/response_length/mean": "mean validation response length",
+}
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy ``[N, T]`` of the categorical distributions given by ``logits`` ``[N, T, V]``."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)  # [N, T, V]
+    return -(log_p.exp() * log_p).sum(dim=-1)  # [N, T]
+
+
+def response_length_metrics(response_mask: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """verl's ``response_length/*`` from a ``[N, T]`` mask and the ``[N]`` truncation flags."""
+    length = response_mask.sum(dim=-1).float()  # [N]
+    return {
+        "response_length/mean": length.mean().item(),
+        "response_length/max": length.max().item(),
+        "response_length/min": length.min().item(),
+        "response_length/clip_ratio": truncated.float().mean().item(),
+    }
+
+
+def mean_metrics(records: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Average each key over a list of metric dicts (keys missing from some records average over the rest)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for record in records:
+        for key, value in record.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+            counts[key] = counts.get(key, 0) + 1
+    return {key: sums[key] / counts[key] for key in sums}
