@@ -24,4 +24,4 @@ test: setup
 
 bench: setup
 	$(PIP) -e ".[test,bench]"
-	$(PY) bench/run_all.py $(ARGS)
+	$(PY) -m bench.run_all $(ARGS)
