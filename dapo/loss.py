@@ -214,12 +214,12 @@ def policy_loss(
         loss_scale_factor=loss_scale_factor,
     )
     with torch.no_grad():
-        mask = response_mask
-        metrics = {
-            "actor/pg_clipfrac": masked_mean(stats["clipped"].float(), mask).item(),
-            "actor/pg_clipfrac_lower": masked_mean(stats["dual_clipped"].float(), mask).item(),
-            "actor/ppo_kl": masked_mean(-stats["neg_approx_kl"], mask).item(),
-            "dapo/clipfrac_high": masked_mean(stats["clipped_high"].float(), mask).item(),
-            "dapo/clipfrac_low": masked_mean(stats["clipped_low"].float(), mask).item(),
-        }
+        # one pass for all five masked means: [5, N*T] @ [N*T]
+        names = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "dapo/clipfrac_high", "dapo/clipfrac_low")
+        per_token = torch.stack(
+            [stats["clipped"], stats["dual_clipped"], -stats["neg_approx_kl"], stats["clipped_high"], stats["clipped_low"]]
+        ).reshape(len(names), -1).to(torch.float32)  # [5, N*T]
+        flat_mask = response_mask.reshape(-1).to(torch.float32)  # [N*T]
+        means = (per_token @ flat_mask) / flat_mask.sum().clamp(min=1.0)  # [5]
+        metrics = dict(zip(names, means.tolist()))
     return loss, metrics
