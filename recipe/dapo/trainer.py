@@ -1,0 +1,118 @@
+"""The DAPO trainer: verl 0.9.1's synchronous V1 trainer plus overlong filtering, ``trainer.v1.trainer_mode=dapo``.
+
+It subclasses ``verl.trainer.ppo.v1.trainer_sync.PPOTrainerSync`` and overrides one method, ``_update_actor``:
+before verl sends the batch to the actor workers, the loss mask of every truncated response is zeroed in the
+TransferQueue (paper §3.4, "overlong filtering", Table 1 row 2). Both masks the update reads are rewritten:
+``response_mask`` (the loss mask of ``ppo_loss``) and ``loss_mask`` (from which the engine counts the mini-batch's
+tokens, the token-mean denominator, before splitting it into micro-batches), so truncated tokens are neither in
+the numerator nor in the denominator, whatever the micro-batching.
+
+Why here: verl's policy loss sees only one micro-batch and a token count fixed before it, so it cannot drop a
+response from the denominator; the actor update is the last point where the batch is whole. Advantages are
+computed before, over every response of the group (truncated ones included, with their shaped reward), as in
+the paper; ``actor/entropy`` (computed with the old log-probs) also covers every trained response.
+
+A response is truncated when it reached ``actor_rollout_ref.rollout.response_length`` tokens without an
+end-of-sequence token (:func:`dapo.loss.truncated_responses`). Metric: ``dapo/overlong_frac``, the fraction of the
+step's trained responses that were truncated (masked out when ``dapo.overlong_filter=true``).
+
+Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.sampler.custom_sampler``).
+"""
+
+from __future__ import annotations
+
+import torch
+import transfer_queue as tq
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1 import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.utils.padding import response_to_nested
+
+from dapo.loss import overlong_filter_mask, truncated_responses
+
+TRAINER_MODE = "dapo"
+SAMPLER = ("pkg://recipe.dapo.sampler", "DAPOReplayBuffer")
+
+
+def apply_overlong_filter(
+    batch: KVBatchMeta, *, eos_token_id: int | list[int], max_response_length: int, enable: bool
+) -> dict[str, float]:
+    """Zero ``response_mask`` and ``loss_mask`` of the truncated responses of ``batch`` in the TransferQueue.
+
+    Returns ``{"dapo/overlong_frac": ...}`` over the batch's real (non-padding) responses; with ``enable=False``
+    only measures. Only responses at the length limit are read back from the TransferQueue (their lengths are in
+    the tags verl's agent loop writes), so the cost follows the truncated fraction, not the batch.
+    """
+    real = [not tag.get("is_padding", False) for tag in batch.tags]
+    lengths = [tag.get("response_len") for tag in batch.tags]
+    if None in lengths:  # trajectories written by something other than verl's agent loop
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
+        lengths = data["response_mask"].offsets().diff().tolist()
+    at_limit = [i for i, n in enumerate(lengths) if real[i] and n >= max_response_length]
+
+    num_truncated = 0
+    if at_limit:
+        keys = [batch.keys[i] for i in at_limit]
+        fields = ["responses", "response_mask", "loss_mask"]
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+        nested_mask = data["response_mask"]  # nested [K, j]
+        limit_lengths = nested_mask.offsets().diff()  # [K]
+        responses = data["responses"].to_padded_tensor(padding=0)  # [K, T]
+        positions = torch.arange(responses.shape[-1]).unsqueeze(0) < limit_lengths.unsqueeze(1)  # [K, T]
+        truncated = truncated_responses(responses, positions, eos_token_id)  # [K]: at the limit, no EOS
+        num_truncated = int(truncated.sum())
+        if enable and num_truncated:
+            masks = {
+                name: response_to_nested(
+                    overlong_filter_mask(data[name].to_padded_tensor(padding=0), truncated), nested_mask
+                )
+                for name in ("response_mask", "loss_mask")
+            }
+            tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=TensorDict(masks, batch_size=len(keys)))
+    num_real = sum(real)
+    return {"dapo/overlong_frac": num_truncated / num_real if num_real else 0.0}
+
+
+@register_trainer(TRAINER_MODE)
+class DAPOTrainer(PPOTrainerSync):
+    """``PPOTrainerSync`` whose actor update skips truncated responses (``dapo.overlong_filter``)."""
+
+    def __init__(self, config):
+        require_dapo_sampler(config)
+        super().__init__(config)
+        # verl 0.9.1 selects its synchronous code paths (no TransferQueue checkpoint, no prompt persistence, no
+        # re-issue of in-flight prompts on resume) by trainer_mode == "sync", PPOTrainerSync's registry name.
+        # This trainer is that synchronous trainer, registered under another name.
+        self.trainer_mode = "sync"
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        # ---- DAPO: overlong filtering, truncated responses carry no loss and no token count ----
+        metrics.update(
+            apply_overlong_filter(
+                batch,
+                eos_token_id=self.tokenizer.eos_token_id,
+                max_response_length=self.config.actor_rollout_ref.rollout.response_length,
+                enable=bool(OmegaConf.select(self.config, "dapo.overlong_filter", default=False)),
+            )
+        )
+        return super()._update_actor(batch, metrics)
+
+
+def require_dapo_sampler(config) -> None:
+    """The DAPO trainer runs verl's sync loop with the DAPO sampler; raise naming the keys if it is not set."""
+    custom = OmegaConf.select(config, "trainer.v1.sampler.custom_sampler", default=None) or {}
+    path, name = custom.get("path", None), custom.get("name", None)
+    if (path, name) != SAMPLER:
+        from verl.utils.import_utils import load_extern_object
+
+        from recipe.dapo.sampler import DAPOReplayBuffer
+
+        cls = load_extern_object(path, name) if path and name else None
+        if not (isinstance(cls, type) and issubclass(cls, DAPOReplayBuffer)):
+            raise ValueError(
+                f"trainer.v1.trainer_mode={TRAINER_MODE} needs the DAPO sampler, got trainer.v1.sampler.custom_sampler="
+                f"{{path: {path}, name: {name}}}; set trainer.v1.sampler.custom_sampler.path={SAMPLER[0]} and "
+                f"trainer.v1.sampler.custom_sampler.name={SAMPLER[1]} (configs/dapo_trainer.yaml does)"
+            )
