@@ -54,6 +54,7 @@ METRIC_DOCS: dict[str, str] = {
     "timing_s/gen": "seconds spent generating this step (all rounds)",
     "timing_s/update_actor": "seconds spent in the policy update this step",
     "timing_s/step": "seconds for the whole step",
+    "timing_s/testing": "seconds spent in validation (steps where it runs)",
     # validation
     "val-core/{data_source}/acc/mean@{k}": "validation accuracy averaged over k samples per problem (AIME: avg@32); should rise",
     "val-aux/{data_source}/score/mean@{k}": "validation score (+1/-1) averaged over k samples per problem",

@@ -1,0 +1,316 @@
+"""What the embedded engine reads from the composed config (verl's keys), checked once, as plain values.
+
+The engine reads the Hydra config in one place, here, and validates it with errors that name the key to set.
+Everything else in the engine takes these plain values. Meanings are verl's: ``data.train_batch_size`` and
+``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n`` responses), while
+``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count responses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A bad setting or bad input data; the message names what to change. The CLI prints it without traceback."""
+
+
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # data
+    train_files: list[str] | None  # None: the embedded synthetic task
+    val_files: list[str] | None
+    train_max_samples: int
+    val_max_samples: int
+    prompt_key: str
+    reward_fn_key: str
+    max_prompt_length: int
+    max_response_length: int
+    train_batch_size: int  # prompts per step
+    gen_batch_size: int  # prompts per generation round
+    val_batch_size: int | None  # prompts per validation generate call (None: all)
+    shuffle: bool
+    data_seed: int
+    filter_overlong_prompts: bool
+    truncation: str
+    apply_chat_template_kwargs: dict
+    # rollout
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    val_n: int
+    val_temperature: float
+    val_top_p: float
+    val_top_k: int
+    val_do_sample: bool
+    max_num_seqs: int
+    log_prob_micro_batch_size: int  # responses
+    # actor
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    loss_agg_mode: str
+    loss_scale_factor: float | None
+    ppo_mini_batch_size: int  # prompts
+    ppo_micro_batch_size: int  # responses
+    ppo_epochs: int
+    grad_clip: float  # actor.optim.clip_grad
+    lr: float
+    lr_warmup_steps: int
+    weight_decay: float
+    betas: tuple[float, float]
+    entropy_coeff: float
+    # model
+    model_path: str | None  # None: the embedded tiny Qwen2, warmed up
+    tokenizer_path: str | None
+    custom_chat_template: str | None
+    trust_remote_code: bool
+    gradient_checkpointing: bool
+    # algorithm and reward
+    norm_adv_by_std_in_grpo: bool
+    filter_groups: bool
+    filter_metric: str
+    max_num_gen_batches: int
+    max_resp_len: int
+    overlong_buffer: bool
+    overlong_buffer_len: int
+    overlong_penalty_factor: float
+    reward_path: str | None
+    reward_name: str
+    reward_kwargs: dict
+    # trainer
+    total_training_steps: int | None  # None: total_epochs over the train set
+    total_epochs: int
+    test_freq: int
+    save_freq: int
+    logger: tuple[str, ...]
+    project_name: str
+    experiment_name: str
+    run_dir: str
+    resume_mode: str
+    resume_from_path: str | None
+    val_before_train: bool
+    val_only: bool
+    max_ckpt_to_keep: int | None
+    # dapo
+    overlong_filter: bool
+    sampling: dict
+    # embedded
+    seed: int
+    device: str
+    dtype: str
+    num_threads: int | None  # None: torch's default
+    cache_dir: str
+    task: dict
+    tiny_model: dict
+    warmup: dict
+    progress_bar: bool
+
+
+def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    value = OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _files(value) -> list[str] | None:
+    if value is None or value == "" or value == []:
+        return None
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _positive(name: str, value, hint: str = "") -> int:
+    if value is None or int(value) < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}{hint}")
+    return int(value)
+
+
+def read_config(cfg: DictConfig) -> EngineConfig:
+    """Pull the engine's settings out of the composed config; raise :class:`ConfigError` naming the key to fix."""
+    actor = "actor_rollout_ref.actor"
+    rollout = "actor_rollout_ref.rollout"
+
+    if _get(cfg, "algorithm.adv_estimator", "grpo") != "grpo":
+        raise ConfigError(
+            f"algorithm.adv_estimator={_get(cfg, 'algorithm.adv_estimator')!r}: the embedded engine implements "
+            "DAPO's group-relative advantage only; set algorithm.adv_estimator=grpo"
+        )
+    if _get(cfg, f"{actor}.use_kl_loss", False) or _get(cfg, "algorithm.use_kl_in_reward", False):
+        raise ConfigError(
+            "the embedded engine has no reference model (DAPO drops the KL term); set "
+            f"{actor}.use_kl_loss=false and algorithm.use_kl_in_reward=false"
+        )
+
+    train_batch_size = _positive("data.train_batch_size", _get(cfg, "data.train_batch_size"))
+    gen_batch_size = _get(cfg, "data.gen_batch_size") or train_batch_size
+    gen_batch_size = _positive("data.gen_batch_size", gen_batch_size, " (DAPO: 3 x data.train_batch_size)")
+    n = _positive(f"{rollout}.n", _get(cfg, f"{rollout}.n"))
+    mini = _positive(f"{actor}.ppo_mini_batch_size", _get(cfg, f"{actor}.ppo_mini_batch_size"))
+    if train_batch_size % mini:
+        raise ConfigError(
+            f"data.train_batch_size={train_batch_size} is not divisible by {actor}.ppo_mini_batch_size={mini} "
+            "(both count prompts); choose a mini-batch size that divides it, e.g. "
+            f"{_divisor_near(train_batch_size, mini)}"
+        )
+    micro = _get(cfg, f"{actor}.ppo_micro_batch_size_per_gpu") or mini * n
+    micro = _positive(f"{actor}.ppo_micro_batch_size_per_gpu", micro)
+    if (mini * n) % micro:
+        raise ConfigError(
+            f"a mini-batch of {mini} prompts x {n} responses = {mini * n} responses is not divisible by "
+            f"{actor}.ppo_micro_batch_size_per_gpu={micro} (it counts responses); choose one that divides "
+            f"{mini * n}, e.g. {_divisor_near(mini * n, micro)}"
+        )
+    log_prob_micro = _get(cfg, f"{rollout}.log_prob_micro_batch_size_per_gpu") or micro
+
+    loss_agg_mode = _get(cfg, f"{actor}.loss_agg_mode", "token-mean")
+    from dapo.loss import LOSS_AGG_MODES
+
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ConfigError(
+            f"{actor}.loss_agg_mode={loss_agg_mode!r} is unknown; use one of {', '.join(LOSS_AGG_MODES)} "
+            "(DAPO: token-mean)"
+        )
+
+    filter_metric = _get(cfg, "algorithm.filter_groups.metric", "acc") or "acc"
+    if filter_metric not in FILTER_METRICS:
+        raise ConfigError(
+            f"algorithm.filter_groups.metric={filter_metric!r} is not one the embedded engine computes; use one of "
+            f"{', '.join(FILTER_METRICS)} (DAPO: acc)"
+        )
+    max_response_length = _positive("data.max_response_length", _get(cfg, "data.max_response_length"))
+    overlong = bool(_get(cfg, "reward.reward_kwargs.overlong_buffer_cfg.enable", False))
+    max_resp_len = _get(cfg, "reward.reward_kwargs.max_resp_len") or max_response_length
+    buffer_len = _get(cfg, "reward.reward_kwargs.overlong_buffer_cfg.len", 0) or 0
+    penalty = float(_get(cfg, "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor", 1.0))
+    if overlong:
+        from dapo.shaping import validate_overlong_params
+
+        try:
+            validate_overlong_params(int(max_resp_len), int(buffer_len), penalty)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    for key in ("trainer.resume_mode",):
+        if _get(cfg, key) not in ("auto", "disable", "resume_path"):
+            raise ConfigError(f"{key} must be auto, disable or resume_path; got {_get(cfg, key)!r}")
+    if _get(cfg, "trainer.resume_mode") == "resume_path" and not _get(cfg, "trainer.resume_from_path"):
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
+    if _get(cfg, "data.truncation", "error") not in ("error", "left", "right", "middle"):
+        raise ConfigError(
+            f"data.truncation must be one of error, left, right, middle; got {_get(cfg, 'data.truncation')!r}"
+        )
+
+    total_steps = _get(cfg, "trainer.total_training_steps")
+    logger = _get(cfg, "trainer.logger", ["console"]) or []
+    logger = (logger,) if isinstance(logger, str) else tuple(logger)
+    seed = int(_get(cfg, "embedded.seed", 0))
+    data_seed = _get(cfg, "data.seed")
+    val_do_sample = bool(_get(cfg, f"{rollout}.val_kwargs.do_sample", True))
+    val_n = _positive(f"{rollout}.val_kwargs.n", _get(cfg, f"{rollout}.val_kwargs.n", 1))
+    if not val_do_sample and val_n != 1:
+        raise ConfigError(
+            f"greedy validation ({rollout}.val_kwargs.do_sample=false) gives the same response every time; "
+            f"set {rollout}.val_kwargs.n=1 (got {val_n}) or do_sample=true"
+        )
+    device = str(_get(cfg, "embedded.device", "auto"))
+    num_threads = _get(cfg, "embedded.num_threads")
+
+    return EngineConfig(
+        train_files=_files(_get(cfg, "data.train_files")),
+        val_files=_files(_get(cfg, "data.val_files")),
+        train_max_samples=int(_get(cfg, "data.train_max_samples", -1) or -1),
+        val_max_samples=int(_get(cfg, "data.val_max_samples", -1) or -1),
+        prompt_key=_get(cfg, "data.prompt_key", "prompt"),
+        reward_fn_key=_get(cfg, "data.reward_fn_key", "data_source"),
+        max_prompt_length=_positive("data.max_prompt_length", _get(cfg, "data.max_prompt_length")),
+        max_response_length=max_response_length,
+        train_batch_size=train_batch_size,
+        gen_batch_size=gen_batch_size,
+        val_batch_size=_get(cfg, "data.val_batch_size"),
+        shuffle=bool(_get(cfg, "data.shuffle", True)),
+        data_seed=seed if data_seed is None else int(data_seed),
+        filter_overlong_prompts=bool(_get(cfg, "data.filter_overlong_prompts", False)),
+        truncation=_get(cfg, "data.truncation", "error"),
+        apply_chat_template_kwargs=_get(cfg, "data.apply_chat_template_kwargs", {}) or {},
+        n=n,
+        temperature=float(_get(cfg, f"{rollout}.temperature", 1.0)),
+        top_p=float(_get(cfg, f"{rollout}.top_p", 1.0)),
+        top_k=max(0, int(_get(cfg, f"{rollout}.top_k", -1))),
+        val_n=val_n,
+        val_temperature=float(_get(cfg, f"{rollout}.val_kwargs.temperature", 1.0)),
+        val_top_p=float(_get(cfg, f"{rollout}.val_kwargs.top_p", 1.0)),
+        val_top_k=max(0, int(_get(cfg, f"{rollout}.val_kwargs.top_k", -1))),
+        val_do_sample=val_do_sample,
+        max_num_seqs=_positive(f"{rollout}.max_num_seqs", _get(cfg, f"{rollout}.max_num_seqs", 1024)),
+        log_prob_micro_batch_size=_positive(f"{rollout}.log_prob_micro_batch_size_per_gpu", log_prob_micro),
+        clip_ratio_low=float(_get(cfg, f"{actor}.clip_ratio_low", 0.2)),
+        clip_ratio_high=float(_get(cfg, f"{actor}.clip_ratio_high", 0.28)),
+        clip_ratio_c=float(_get(cfg, f"{actor}.clip_ratio_c", 3.0)),
+        loss_agg_mode=loss_agg_mode,
+        loss_scale_factor=_get(cfg, f"{actor}.loss_scale_factor"),
+        ppo_mini_batch_size=mini,
+        ppo_micro_batch_size=micro,
+        ppo_epochs=_positive(f"{actor}.ppo_epochs", _get(cfg, f"{actor}.ppo_epochs", 1)),
+        # verl's FSDP engine clips with optim.clip_grad (optim.grad_clip, deprecated, overrides it when set)
+        grad_clip=float(_get(cfg, f"{actor}.optim.grad_clip") or _get(cfg, f"{actor}.optim.clip_grad", 1.0)),
+        lr=float(_get(cfg, f"{actor}.optim.lr")),
+        lr_warmup_steps=int(_get(cfg, f"{actor}.optim.lr_warmup_steps", -1) or 0),
+        weight_decay=float(_get(cfg, f"{actor}.optim.weight_decay", 0.0)),
+        betas=tuple(float(b) for b in _get(cfg, f"{actor}.optim.betas", [0.9, 0.999])),
+        entropy_coeff=float(_get(cfg, f"{actor}.entropy_coeff", 0.0) or 0.0),
+        model_path=_get(cfg, "actor_rollout_ref.model.path"),
+        tokenizer_path=_get(cfg, "actor_rollout_ref.model.tokenizer_path"),
+        custom_chat_template=_get(cfg, "actor_rollout_ref.model.custom_chat_template"),
+        trust_remote_code=bool(_get(cfg, "actor_rollout_ref.model.trust_remote_code", False)),
+        gradient_checkpointing=bool(_get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing", False)),
+        norm_adv_by_std_in_grpo=bool(_get(cfg, "algorithm.norm_adv_by_std_in_grpo", True)),
+        filter_groups=bool(_get(cfg, "algorithm.filter_groups.enable", False)),
+        filter_metric=filter_metric,
+        max_num_gen_batches=int(_get(cfg, "algorithm.filter_groups.max_num_gen_batches", 0) or 0),
+        max_resp_len=int(max_resp_len),
+        overlong_buffer=overlong,
+        overlong_buffer_len=int(buffer_len),
+        overlong_penalty_factor=penalty,
+        reward_path=_get(cfg, "reward.custom_reward_function.path"),
+        reward_name=_get(cfg, "reward.custom_reward_function.name", "compute_score") or "compute_score",
+        reward_kwargs=_get(cfg, "reward.custom_reward_function.reward_kwargs", {}) or {},
+        total_training_steps=None if total_steps is None else int(total_steps),
+        total_epochs=int(_get(cfg, "trainer.total_epochs", 1)),
+        test_freq=int(_get(cfg, "trainer.test_freq", -1)),
+        save_freq=int(_get(cfg, "trainer.save_freq", -1)),
+        logger=logger,
+        project_name=str(_get(cfg, "trainer.project_name", "dapo")),
+        experiment_name=str(_get(cfg, "trainer.experiment_name", "embedded")),
+        run_dir=os.path.expanduser(str(_get(cfg, "trainer.default_local_dir"))),
+        resume_mode=_get(cfg, "trainer.resume_mode"),
+        resume_from_path=_get(cfg, "trainer.resume_from_path"),
+        val_before_train=bool(_get(cfg, "trainer.val_before_train", True)),
+        val_only=bool(_get(cfg, "trainer.val_only", False)),
+        max_ckpt_to_keep=_get(cfg, "trainer.max_actor_ckpt_to_keep"),
+        overlong_filter=bool(_get(cfg, "dapo.overlong_filter", False)),
+        sampling=_get(cfg, "dapo.sampling", {}) or {},
+        seed=seed,
+        device=device,
+        dtype=str(_get(cfg, "embedded.dtype", "auto")),
+        num_threads=None if num_threads is None else _positive("embedded.num_threads", num_threads),
+        cache_dir=os.path.expanduser(str(_get(cfg, "embedded.cache_dir", "~/.cache/dapo-verl"))),
+        task=_get(cfg, "embedded.task", {}) or {},
+        tiny_model=_get(cfg, "embedded.model", {}) or {},
+        warmup=_get(cfg, "embedded.warmup", {}) or {},
+        progress_bar=bool(_get(cfg, "embedded.progress_bar", True)),
+    )
+
+
+def _divisor_near(total: int, wanted: int) -> int:
+    """The divisor of ``total`` closest to ``wanted`` (for error messages)."""
+    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    return min(divisors, key=lambda d: (abs(d - wanted), d))

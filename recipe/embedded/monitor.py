@@ -1,0 +1,157 @@
+"""Where the metrics go: ``metrics.jsonl`` in the run directory, W&B (verl's names), a tqdm bar, PNG plots.
+
+W&B is optional and never fatal: with no credentials (``WANDB_API_KEY`` unset and no ``api.wandb.ai`` entry in
+``~/.netrc``) it runs offline and says how to upload afterwards; an explicit ``WANDB_MODE`` is respected; if
+``wandb.init`` or ``wandb.log`` fails, training goes on without W&B after one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import netrc
+import os
+import uuid
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+PLOTS = {  # file name -> (title, metric names drawn)
+    "reward_accuracy.png": ("reward and accuracy", ("critic/score/mean", "train/acc/mean", "val-core/*")),
+    "entropy.png": ("policy entropy", ("actor/entropy",)),
+    "response_length.png": ("response length (tokens)", ("response_length/mean", "response_length/max")),
+    "kept_group_frac.png": ("dynamic sampling: kept-group fraction", ("dapo/kept_group_frac",)),
+}
+
+
+def _has_wandb_credentials() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Monitor:
+    """Metric sinks for one run. ``start_step``: records after it (from a killed run) are dropped on resume."""
+
+    def __init__(self, run_dir: Path, *, loggers, project: str, experiment: str, config: dict, start_step: int,
+                 total_steps: int, progress_bar: bool, wandb_id: str | None) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / METRICS_FILE
+        kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= start_step] if start_step > 0 else []
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self._wandb = None
+        self.wandb_id = wandb_id
+        self.wandb_dir: Path | None = None
+        if "wandb" in loggers:
+            self._init_wandb(project, experiment, config)
+        self._bar = None
+        if progress_bar and "console" in loggers:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="dapo", unit="step", dynamic_ncols=True)
+
+    def _init_wandb(self, project: str, experiment: str, config: dict) -> None:
+        try:
+            import wandb
+
+            offline = not _has_wandb_credentials() and "WANDB_MODE" not in os.environ
+            if self.wandb_id is None:
+                self.wandb_id = uuid.uuid4().hex[:12]
+            self._wandb = wandb.init(
+                project=project, name=experiment, id=self.wandb_id, resume="allow", dir=str(self.run_dir),
+                config=config, mode="offline" if offline else None, settings=wandb.Settings(init_timeout=60),
+            )
+            self.wandb_dir = Path(self._wandb.dir).parent
+            if offline or os.environ.get("WANDB_MODE") == "offline":
+                print(f"W&B is offline (no credentials found); upload the run later with: wandb sync {self.wandb_dir}")
+        except Exception as err:  # noqa: BLE001 - an unreachable W&B must never stop training
+            logger.warning("W&B disabled, training goes on without it: %s", err)
+            print(f"warning: W&B disabled ({type(err).__name__}: {err}); metrics still go to {self.path}")
+            self._wandb = None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            try:
+                self._wandb.log(metrics, step=step)
+            except Exception as err:  # noqa: BLE001
+                logger.warning("W&B log failed, W&B disabled for the rest of the run: %s", err)
+                self._wandb = None
+
+    def progress(self, step: int, metrics: dict[str, float]) -> None:
+        if self._bar is None:
+            return
+        shown = {"acc": "train/acc/mean", "score": "critic/score/mean", "kept": "dapo/kept_group_frac",
+                 "len": "response_length/mean", "ent": "actor/entropy", "clip": "actor/pg_clipfrac"}
+        self._bar.set_postfix({k: f"{metrics[m]:.3g}" for k, m in shown.items() if m in metrics}, refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def write(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._wandb is not None:
+            try:
+                self._wandb.finish()
+            except Exception as err:  # noqa: BLE001
+                logger.warning("W&B finish failed: %s", err)
+
+
+def _plain(value):
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def write_plots(run_dir: Path) -> list[Path]:
+    """One PNG per entry of ``PLOTS`` under ``run_dir/plots`` from the full ``metrics.jsonl`` history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    out_dir = run_dir / "plots"
+    out_dir.mkdir(exist_ok=True)
+    written = []
+    for file_name, (title, patterns) in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        names = sorted({k for r in records for k in r if any(_matches(k, p) for p in patterns)})
+        for name in names:
+            points = [(r["step"], r[name]) for r in records if r.get(name) is not None]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, marker="o" if name.startswith("val") else None, markersize=3, label=name)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if names:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / file_name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _matches(name: str, pattern: str) -> bool:
+    return name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern

@@ -1,0 +1,148 @@
+"""Rollouts with Hugging Face ``generate`` and the policy's per-token log-probabilities.
+
+Layout (as verl's): a prompt is left-padded, its response right-padded; the G responses of a prompt are
+contiguous rows. ``response_mask`` covers the response up to and including its first end-of-sequence token;
+a response without one was cut at ``max_response_length`` (truncated).
+
+Log-probabilities and entropies are taken from ``logits / temperature`` (the rollout temperature), as verl's
+actor does, so that the PPO ratio compares the distributions the responses were actually sampled from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dapo.metrics import entropy_from_logits
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What ``generate`` samples with (verl's ``rollout.{temperature,top_p,top_k}`` or ``val_kwargs``)."""
+
+    do_sample: bool
+    temperature: float
+    top_p: float
+    top_k: int  # verl's -1 (off) is given to HF as 0
+
+
+def left_pad(sequences: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad 1-D token tensors into ``[N, L]`` ids and attention mask."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # [N, L]
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)  # [N, L]
+    for i, seq in enumerate(sequences):
+        if len(seq):
+            ids[i, width - len(seq) :] = seq
+            mask[i, width - len(seq) :] = 1
+    return ids, mask
+
+
+def right_pad(rows: Sequence[torch.Tensor], width: int, value: float | int) -> torch.Tensor:
+    """Right-pad ``[n_i, T_i]`` blocks to ``[sum n_i, width]``."""
+    out = []
+    for block in rows:
+        out.append(F.pad(block, (0, width - block.shape[-1]), value=value))
+    return torch.cat(out, dim=0)
+
+
+def response_mask_from_eos(response_ids: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` mask of each response up to and including its first EOS token (all of it if none)."""
+    is_eos = torch.isin(response_ids, eos_ids).long()  # [N, T]
+    eos_before = torch.cumsum(is_eos, dim=-1) - is_eos  # [N, T] EOS tokens strictly before t
+    return (eos_before == 0).long()
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompts: Sequence[torch.Tensor],  # B prompts, 1-D token ids each
+    *,
+    n: int,
+    params: SamplingParams,
+    max_new_tokens: int,
+    eos_ids: torch.Tensor,  # [E]
+    pad_id: int,
+    max_num_seqs: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` responses per prompt (rows ``i*n .. i*n+n-1`` belong to prompt ``i``): ids and mask ``[B*n, T]``.
+
+    Uses the global torch RNG, so a run is reproducible from its RNG state. At most ``max_num_seqs`` sequences
+    go through one ``generate`` call (verl's ``rollout.max_num_seqs``).
+    """
+    device = next(model.parameters()).device
+    repeated = [p for p in prompts for _ in range(n)]
+    sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+    if not params.do_sample:
+        sampling = dict(do_sample=False)
+    was_training = model.training
+    model.eval()
+    chunks = []
+    for start in range(0, len(repeated), max_num_seqs):
+        ids, mask = left_pad(repeated[start : start + max_num_seqs], pad_id)  # [b, P]
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_ids.tolist(),
+            pad_token_id=pad_id,
+            repetition_penalty=1.0,
+            **sampling,
+        )
+        chunks.append(out[:, ids.shape[1] :].cpu())  # [b, T_chunk]
+    model.train(was_training)
+    width = max(c.shape[1] for c in chunks)
+    response_ids = right_pad(chunks, width, pad_id)  # [B*n, T]
+    return response_ids, response_mask_from_eos(response_ids, eos_ids.cpu())
+
+
+def sequence_log_probs(
+    model,
+    prompts: Sequence[torch.Tensor],  # N prompts, 1-D token ids each (one per response)
+    response_ids: torch.Tensor,  # [N, T]
+    response_mask: torch.Tensor,  # [N, T]
+    *,
+    temperature: float,
+    pad_id: int,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log pi(response) ``[N, T]`` (and entropy ``[N, T]``) under ``logits / temperature``.
+
+    One forward pass over ``[left-padded prompt | response]``; position ids count real tokens only, so a row's
+    result does not depend on how much padding its micro-batch needed.
+    """
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)  # [N, P]
+    width = prompt_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [N, P+T]
+    attention = torch.cat([prompt_mask, response_mask.long()], dim=1).to(device)  # [N, P+T]
+    position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # [N, P+T]
+    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
+    logits = logits[:, width - 1 : -1]  # [N, T, V] position t predicts response token t
+    logits = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
+    log_prob = torch.gather(logits.log_softmax(dim=-1), -1, response_ids.to(device).unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits)  # [N, T]
+    return log_prob, entropy
+
+
+@torch.no_grad()
+def batched_log_probs(model, prompts, response_ids, response_mask, *, temperature, pad_id, micro_batch_size):
+    """:func:`sequence_log_probs` in chunks of ``micro_batch_size`` rows, without gradients, on the CPU."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, response_ids.shape[0], micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        log_prob, _ = sequence_log_probs(
+            model, prompts[rows], response_ids[rows], response_mask[rows], temperature=temperature, pad_id=pad_id
+        )
+        out.append(log_prob.cpu())
+    model.train(was_training)
+    return torch.cat(out, dim=0)  # [N, T]

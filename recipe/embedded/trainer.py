@@ -1,0 +1,577 @@
+"""The embedded engine's training loop: DAPO in one process, Hugging Face ``generate``, the ``dapo/`` functions.
+
+One step (the four DAPO techniques are marked ``[DAPO n]``, numbered as in the paper's §3):
+
+1. dynamic sampling ``[DAPO 2]``: rounds of ``data.gen_batch_size`` prompts x ``rollout.n`` responses are
+   generated, scored with the DAPO scorer and length-shaped ``[DAPO 4, soft overlong punishment]``; groups whose
+   accuracy is constant are dropped and rounds repeat until ``data.train_batch_size`` groups are kept
+   (``dapo.sampling.BatchFiller``);
+2. group-relative advantages of the shaped rewards (``dapo.advantage``);
+3. the policy update: ``ppo_epochs`` passes over mini-batches of ``ppo_mini_batch_size`` prompts, each one
+   AdamW step accumulated over micro-batches of ``ppo_micro_batch_size_per_gpu`` responses, with the decoupled
+   clip ``[DAPO 1]`` and the token-mean loss whose normaliser is the token count of the whole mini-batch
+   ``[DAPO 3]``; truncated responses are masked out of the loss ``[DAPO 4, overlong filtering]``;
+4. periodic validation (mean@k at ``rollout.val_kwargs``) and atomic checkpoints.
+
+Behaviour policy (``old_log_prob``): the log-probabilities of a group are computed once, right after it is
+generated, with the policy that generated it. For fresh groups this is exactly verl's recomputed
+``old_log_prob`` (nothing has been updated since generation). Groups carried over from an earlier step
+(``dapo.sampling.carry_over``) keep the log-probs of the older policy that sampled them, which is the correct
+PPO behaviour policy: the ratio then corrects for their staleness, and the clip bounds it.
+
+Deviations from verl, deliberate:
+
+1. Dropout is switched off in the policy (RL practice; verl's actors run models whose dropout is already 0).
+2. ``trainer.val_before_train`` is skipped when a run resumes (the validation of the checkpointed step was
+   logged already). Validation draws from its own seeded RNG, so it never shifts the training RNG stream.
+3. The LR schedule is verl's ``constant`` with linear warm-up stepped once per rollout step; like verl, step 0 of a
+   warm-up runs at lr 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from dapo.advantage import group_advantages
+from dapo.loss import aggregate_loss, masked_mean, overlong_filter_mask, policy_loss, truncated_responses
+from dapo.metrics import mean_metrics, response_length_metrics
+from dapo.sampling import BatchFiller, keep_groups
+from dapo.shaping import overlong_penalty
+from recipe.embedded import checkpoint
+from recipe.embedded.config import ConfigError, EngineConfig, read_config
+from recipe.embedded.data import PromptSet, PromptStream, load_prompts
+from recipe.embedded.monitor import Monitor, write_plots
+from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate, right_pad, sequence_log_probs
+from recipe.embedded.warmup import task_files, warm_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module
+    tokenizer: object
+    eos_ids: torch.Tensor  # [E] every token that ends a response
+    pad_id: int
+    device: torch.device
+    autocast_dtype: torch.dtype | None  # bf16 compute over fp32 weights on a GPU
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+
+def run(cfg: DictConfig) -> Path:
+    """Train with DAPO as ``cfg`` says; return the run directory (metrics.jsonl, plots/, checkpoints)."""
+    c = read_config(cfg)
+    # ------------------------------------------------------------------ setup
+    _quiet_libraries()
+    if c.num_threads is not None:
+        torch.set_num_threads(c.num_threads)
+    _seed_everything(c.seed)
+    run_dir = Path(c.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resume_from = _resume_checkpoint(c, run_dir)
+
+    policy = _load_policy(c, resume_from)
+    train_set, val_set = _load_data(c, policy.tokenizer)
+    score_fn = _load_score_fn(c)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+    warmup_steps = c.lr_warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(  # verl's get_constant_schedule_with_warmup
+        optimizer, lambda s: s / max(1, warmup_steps) if s < warmup_steps else 1.0
+    )
+    filler = None
+    if c.filter_groups:  # [DAPO 2] dynamic sampling
+        filler = BatchFiller(c.train_batch_size, c.gen_batch_size, c.max_num_gen_batches, **_sampling_kwargs(c))
+    stream = PromptStream(len(train_set), shuffle=c.shuffle, seed=c.data_seed)
+    total_steps = c.total_training_steps or c.total_epochs * max(1, len(train_set) // c.gen_batch_size)
+
+    start_step, wandb_id = 0, None
+    if resume_from is not None:
+        state = checkpoint.load_state(resume_from)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["data"])
+        if filler is not None and state.get("filler") is not None:
+            filler.load_state_dict(state["filler"])
+        checkpoint.set_rng_state(state["rng"])
+        start_step, wandb_id = int(state["global_step"]), state.get("wandb_id")
+        print(f"resumed from {resume_from} (step {start_step})")
+
+    monitor = Monitor(
+        run_dir, loggers=c.logger, project=c.project_name, experiment=c.experiment_name,
+        config=OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), start_step=start_step,
+        total_steps=total_steps, progress_bar=c.progress_bar, wandb_id=wandb_id,
+    )
+    trainer = _Trainer(c, policy, train_set, score_fn, optimizer, scheduler, filler, stream)
+
+    # ------------------------------------------------------------------ loop
+    if start_step == 0 and (c.val_before_train or c.val_only):
+        val_metrics = _validate(c, policy, val_set, score_fn, step=0)
+        monitor.log(0, val_metrics)
+        monitor.write(_val_summary(0, val_metrics))
+    for step in range(start_step + 1, 0 if c.val_only else total_steps + 1):
+        metrics = trainer.step(step)
+        last = step == total_steps
+        if c.test_freq > 0 and (step % c.test_freq == 0 or last):
+            with _timer(metrics, "timing_s/testing"):
+                metrics.update(_validate(c, policy, val_set, score_fn, step=step))
+            monitor.write(_val_summary(step, metrics))
+        monitor.log(step, metrics)  # before the checkpoint: a resumed run drops records after its checkpoint
+        monitor.progress(step, metrics)
+        if c.save_freq > 0 and (step % c.save_freq == 0 or last):
+            state = {
+                "global_step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "rng": checkpoint.rng_state(), "data": stream.state_dict(),
+                "filler": None if filler is None else filler.state_dict(), "wandb_id": monitor.wandb_id,
+            }
+            checkpoint.save_checkpoint(run_dir, step, policy.model, policy.tokenizer, state, c.max_ckpt_to_keep)
+
+    # ------------------------------------------------------------------ cleanup
+    monitor.close()
+    write_plots(run_dir)
+    print(f"run directory: {run_dir}")
+    return run_dir
+
+
+class _Trainer:
+    """One DAPO step: :meth:`collect` (dynamic sampling), advantages, :meth:`update` (the policy loss)."""
+
+    def __init__(self, c: EngineConfig, policy: Policy, train_set: PromptSet, score_fn, optimizer, scheduler,
+                 filler: BatchFiller | None, stream: PromptStream) -> None:
+        self.c, self.policy, self.data, self.score_fn = c, policy, train_set, score_fn
+        self.optimizer, self.scheduler, self.filler, self.stream = optimizer, scheduler, filler, stream
+        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.sampling = SamplingParams(True, c.temperature, c.top_p, c.top_k)
+
+    def step(self, step: int) -> dict[str, float]:
+        c = self.c
+        metrics: dict[str, float] = {}
+        with _timer(metrics, "timing_s/step"):
+            with _timer(metrics, "timing_s/gen"):
+                groups, sampling_metrics, generated_acc = self.collect(step)
+            metrics.update(sampling_metrics)
+            metrics["train/acc/mean"] = generated_acc
+            batch = _collate(groups, self.policy.pad_id)
+
+            advantages = group_advantages(batch["reward"], c.n, norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo)
+            advantages = advantages.unsqueeze(-1) * batch["response_mask"]  # [N, T]
+            loss_mask = batch["response_mask"]  # [N, T]
+            if c.overlong_filter:  # [DAPO 4] overlong filtering: truncated responses carry no loss
+                loss_mask = overlong_filter_mask(loss_mask, batch["truncated"])
+
+            metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+            with _timer(metrics, "timing_s/update_actor"):
+                metrics.update(self.update(batch, advantages, loss_mask))
+            self.scheduler.step()
+            metrics.update(_batch_metrics(batch, advantages))
+        return metrics
+
+    # ---------------------------------------------------------------- [DAPO 2] dynamic sampling
+    def collect(self, step: int) -> tuple[list[dict], dict[str, float], float]:
+        """Generate rounds until the train batch is full; return its groups, the sampling metrics and the
+        accuracy of every response generated this step (before the group filter)."""
+        c = self.c
+        acc_sum, acc_count = 0.0, 0
+        if self.filler is None:  # filter_groups.enable=False: one round, every group trained
+            indices = [self.stream.next() for _ in range(c.train_batch_size)]
+            groups, _, acc = self.rollout(indices, keep_all=True)
+            return groups, {"train/num_gen_batches": 1.0}, acc.float().mean().item()
+
+        self.filler.begin_step(step)
+        while not self.filler.done:
+            indices = self._draw(self.filler.next_round_size())
+            groups, filter_values, acc = self.rollout(indices, keep_all=False)
+            acc_sum, acc_count = acc_sum + acc.float().sum().item(), acc_count + acc.numel()
+            try:
+                self.filler.add_round(groups, filter_values, [self.data.keys[i] for i in indices])
+            except ValueError as err:
+                raise ConfigError(f"step {step}: {err}") from None
+        groups, sampling_metrics = self.filler.end_step()
+        return groups, sampling_metrics, acc_sum / max(acc_count, 1)
+
+    def _draw(self, size: int) -> list[int]:
+        """``size`` prompts that the filler admits (saturated ones are skipped), at most one epoch of offers."""
+        chosen: list[int] = []
+        for _ in range(len(self.data)):
+            if len(chosen) == size:
+                break
+            index = self.stream.next()
+            if self.filler.admit([self.data.keys[index]])[0]:
+                chosen.append(index)
+        return chosen or [self.stream.next()]
+
+    def rollout(self, indices: list[int], keep_all: bool) -> tuple[list[dict | None], torch.Tensor, torch.Tensor]:
+        """Generate, score and shape one round; one payload per prompt (None for a group the filter drops),
+        the ``[B, G]`` filter metric and the ``[B, G]`` accuracy."""
+        c, policy = self.c, self.policy
+        prompts = [self.data.prompt_ids[i] for i in indices]
+        with policy.autocast():
+            response_ids, response_mask = generate(
+                policy.model, prompts, n=c.n, params=self.sampling, max_new_tokens=c.max_response_length,
+                eos_ids=policy.eos_ids, pad_id=policy.pad_id, max_num_seqs=c.max_num_seqs,
+            )  # [B*G, T]
+        sources = [self.data.data_sources[i] for i in indices for _ in range(c.n)]
+        truths = [self.data.ground_truths[i] for i in indices for _ in range(c.n)]
+        extras = [self.data.extra_infos[i] for i in indices for _ in range(c.n)]
+        scored = _score(self.score_fn, policy.tokenizer, response_ids, response_mask, sources, truths, extras,
+                        c.reward_kwargs)
+        truncated = truncated_responses(response_ids, response_mask, policy.eos_ids)  # [B*G]
+        penalty = torch.zeros(len(truths))  # [B*G]
+        if c.overlong_buffer:  # [DAPO 4] soft overlong punishment (paper Eq. 13)
+            penalty = overlong_penalty(
+                response_mask.sum(-1), max_resp_len=c.max_resp_len, overlong_buffer_len=c.overlong_buffer_len,
+                penalty_factor=c.overlong_penalty_factor,
+            )
+        reward = scored["score"] + penalty  # [B*G]
+        acc = scored["acc"].view(-1, c.n)  # [B, G]
+        filter_values = {"acc": acc, "score": scored["score"].view(-1, c.n)}.get(c.filter_metric, reward.view(-1, c.n))
+
+        kept = torch.ones(len(indices), dtype=torch.bool) if keep_all else keep_groups(filter_values)  # [B]
+        rows = (kept.repeat_interleave(c.n)).nonzero().flatten()  # responses of kept groups
+        old_log_prob = torch.zeros(response_ids.shape, dtype=torch.float64 if policy.model.dtype == torch.float64
+                                   else torch.float32)  # [B*G, T]
+        if len(rows):
+            with policy.autocast():
+                old_log_prob[rows] = batched_log_probs(
+                    policy.model, [prompts[r // c.n] for r in rows.tolist()], response_ids[rows], response_mask[rows],
+                    temperature=c.temperature, pad_id=policy.pad_id, micro_batch_size=c.log_prob_micro_batch_size,
+                )
+        groups: list[dict | None] = []
+        for g in range(len(indices)):
+            if not kept[g]:
+                groups.append(None)
+                continue
+            r = slice(g * c.n, (g + 1) * c.n)
+            width = int(response_mask[r].sum(-1).max())
+            groups.append({  # cloned: a payload must not pin the whole round's storage (it may be checkpointed)
+                "prompt_ids": prompts[g].clone(),
+                "response_ids": response_ids[r, :width].clone(),
+                "response_mask": response_mask[r, :width].clone(),
+                "old_log_prob": old_log_prob[r, :width].clone(),
+                "score": scored["score"][r].clone(),
+                "acc": scored["acc"][r].clone(),
+                "penalty": penalty[r].clone(),
+                "reward": reward[r].clone(),
+                "truncated": truncated[r].clone(),
+            })
+        return groups, filter_values, acc
+
+    # ---------------------------------------------------------------- [DAPO 1, 3] the policy update
+    def update(self, batch: dict, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
+        """``ppo_epochs`` x mini-batches, one optimizer step each, gradients accumulated over micro-batches."""
+        c, policy = self.c, self.policy
+        mini, micro = c.ppo_mini_batch_size * c.n, c.ppo_micro_batch_size
+        num_rows = batch["response_ids"].shape[0]
+        policy.model.train()
+        records = []
+        for _ in range(c.ppo_epochs):
+            for start in range(0, num_rows, mini):
+                mini_rows = slice(start, start + mini)
+                # [DAPO 3] token-level loss: the normaliser is the token count of the whole mini-batch
+                batch_num_tokens = loss_mask[mini_rows].sum()
+                global_batch_size = int((loss_mask[mini_rows].sum(-1) > 0).sum())
+                self.optimizer.zero_grad(set_to_none=True)
+                micro_records, mini_loss = [], 0.0
+                for m_start in range(start, start + mini, micro):
+                    rows = slice(m_start, m_start + micro)
+                    with policy.autocast():
+                        log_prob, entropy = sequence_log_probs(
+                            policy.model, batch["prompt_ids"][rows], batch["response_ids"][rows],
+                            batch["response_mask"][rows], temperature=c.temperature, pad_id=policy.pad_id,
+                            with_entropy=True, entropy_grad=c.entropy_coeff != 0,
+                        )  # [n, T] each
+                    device = log_prob.device
+                    mask = loss_mask[rows].to(device)  # [n, T]
+                    # [DAPO 1] decoupled clip: clip_ratio_low / clip_ratio_high
+                    loss, record = policy_loss(
+                        log_prob, batch["old_log_prob"][rows].to(device), advantages[rows].to(device), mask,
+                        clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
+                        clip_ratio_c=c.clip_ratio_c, loss_agg_mode=c.loss_agg_mode,
+                        batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                        loss_scale_factor=c.loss_scale_factor,
+                    )
+                    if c.entropy_coeff != 0:
+                        loss = loss - c.entropy_coeff * aggregate_loss(
+                            entropy, mask, c.loss_agg_mode, batch_num_tokens=batch_num_tokens,
+                            global_batch_size=global_batch_size, loss_scale_factor=c.loss_scale_factor,
+                        )
+                    loss.backward()
+                    mini_loss += loss.item()
+                    response_mask = batch["response_mask"][rows].to(device)
+                    record["actor/entropy"] = masked_mean(entropy.detach(), response_mask).item()
+                    micro_records.append(record)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)
+                if torch.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:
+                    logger.warning("non-finite gradient norm %s: mini-batch update skipped", grad_norm.item())
+                records.append({**mean_metrics(micro_records), "actor/pg_loss": mini_loss,
+                                "actor/grad_norm": grad_norm.item()})
+        self.optimizer.zero_grad(set_to_none=True)
+        return mean_metrics(records)
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _collate(groups: list[dict], pad_id: int) -> dict:
+    """The train batch: ``[N, T]`` tensors with the G responses of a prompt in consecutive rows."""
+    width = max(g["response_ids"].shape[1] for g in groups)
+    return {
+        "prompt_ids": [g["prompt_ids"] for g in groups for _ in range(g["response_ids"].shape[0])],
+        "response_ids": right_pad([g["response_ids"] for g in groups], width, pad_id),
+        "response_mask": right_pad([g["response_mask"] for g in groups], width, 0),
+        "old_log_prob": right_pad([g["old_log_prob"] for g in groups], width, 0.0),
+        **{key: torch.cat([g[key] for g in groups]) for key in ("score", "acc", "penalty", "reward", "truncated")},
+    }
+
+
+def _batch_metrics(batch: dict, advantages: torch.Tensor) -> dict[str, float]:
+    mask = batch["response_mask"].bool()
+    valid_adv = advantages[mask]
+    return {
+        **response_length_metrics(batch["response_mask"], batch["truncated"]),
+        "critic/score/mean": batch["score"].mean().item(),
+        "critic/rewards/mean": batch["reward"].mean().item(),
+        "critic/advantages/mean": valid_adv.mean().item(),
+        "critic/advantages/max": valid_adv.max().item(),
+        "critic/advantages/min": valid_adv.min().item(),
+        "dapo/overlong_frac": batch["truncated"].float().mean().item(),
+        "dapo/overlong_penalty/mean": batch["penalty"].mean().item(),
+    }
+
+
+def _score(score_fn, tokenizer, response_ids, response_mask, sources, truths, extras, kwargs) -> dict:
+    """``score`` (+1/-1) and ``acc`` (bool) per response, from the decoded response text."""
+    scores, accs = [], []
+    for i in range(response_ids.shape[0]):
+        text = tokenizer.decode(response_ids[i][response_mask[i].bool()], skip_special_tokens=True)
+        result = score_fn(sources[i], text, truths[i], extras[i], **kwargs)
+        if isinstance(result, dict):
+            score = float(result["score"])
+            acc = bool(result.get("acc", score > 0))
+        else:  # a plain float from a custom scorer
+            score, acc = float(result), float(result) > 0
+        scores.append(score)
+        accs.append(acc)
+    return {"score": torch.tensor(scores, dtype=torch.float32), "acc": torch.tensor(accs, dtype=torch.bool)}
+
+
+@torch.no_grad()
+def _validate(c: EngineConfig, policy: Policy, val_set: PromptSet, score_fn, step: int) -> dict[str, float]:
+    """mean@k accuracy and score per data source at ``rollout.val_kwargs`` (verl's ``val-core`` / ``val-aux``)."""
+    params = SamplingParams(c.val_do_sample, c.val_temperature, c.val_top_p, c.val_top_k)
+    chunk = c.val_batch_size or len(val_set)
+    devices = [policy.device] if policy.device.type == "cuda" else []
+    scores, accs, lengths = [], [], []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(c.seed * 1_000_003 + step)
+        for start in range(0, len(val_set), chunk):
+            rows = range(start, min(start + chunk, len(val_set)))
+            with policy.autocast():
+                response_ids, response_mask = generate(
+                    policy.model, [val_set.prompt_ids[i] for i in rows], n=c.val_n, params=params,
+                    max_new_tokens=c.max_response_length, eos_ids=policy.eos_ids, pad_id=policy.pad_id,
+                    max_num_seqs=c.max_num_seqs,
+                )
+            scored = _score(
+                score_fn, policy.tokenizer, response_ids, response_mask,
+                [val_set.data_sources[i] for i in rows for _ in range(c.val_n)],
+                [val_set.ground_truths[i] for i in rows for _ in range(c.val_n)],
+                [val_set.extra_infos[i] for i in rows for _ in range(c.val_n)], c.reward_kwargs,
+            )
+            scores.append(scored["score"])
+            accs.append(scored["acc"].float())
+            lengths.append(response_mask.sum(-1).float())
+    scores, accs = torch.cat(scores), torch.cat(accs)  # [V*k]
+    sources = np.array([s for s in val_set.data_sources for _ in range(c.val_n)])
+    metrics = {"val-aux/response_length/mean": torch.cat(lengths).mean().item()}
+    for source in sorted(set(val_set.data_sources)):
+        rows = torch.from_numpy(sources == source)
+        metrics[f"val-core/{source}/acc/mean@{c.val_n}"] = accs[rows].mean().item()
+        metrics[f"val-aux/{source}/score/mean@{c.val_n}"] = scores[rows].mean().item()
+    return metrics
+
+
+def _val_summary(step: int, metrics: dict[str, float]) -> str:
+    core = [f"{k.removeprefix('val-core/')} = {v:.3f}" for k, v in metrics.items() if k.startswith("val-core/")]
+    return f"step {step}: validation {', '.join(core)}"
+
+
+@contextlib.contextmanager
+def _timer(metrics: dict, name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[name] = time.perf_counter() - start
+
+
+def _quiet_libraries() -> None:
+    """No per-file progress bars from transformers / datasets between our own progress bar's lines."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _sampling_kwargs(c: EngineConfig) -> dict:
+    known = ("adaptive", "min_gen_batch_size", "safety_margin", "carry_over", "max_carry_age", "skip_saturated",
+             "saturation_window", "reprobe_after")
+    unknown = sorted(set(c.sampling) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} under dapo.sampling; known: {', '.join(known)}")
+    return {k: v for k, v in c.sampling.items() if v is not None or k == "min_gen_batch_size"}
+
+
+def _resume_checkpoint(c: EngineConfig, run_dir: Path) -> Path | None:
+    """verl's ``trainer.resume_mode``: auto = the latest checkpoint in the run dir if any; disable = start over;
+    resume_path = ``trainer.resume_from_path``."""
+    if c.resume_mode == "disable":
+        return None
+    if c.resume_mode == "resume_path":
+        path = Path(c.resume_from_path).expanduser()
+        if not (path / checkpoint.STATE_FILE).is_file():
+            raise ConfigError(
+                f"trainer.resume_from_path={c.resume_from_path!r} is not a checkpoint (a global_step_N directory)"
+            )
+        return path
+    return checkpoint.find_latest(run_dir)
+
+
+def _device_and_dtypes(c: EngineConfig) -> tuple[torch.device, torch.dtype, torch.dtype | None]:
+    """(device, parameter dtype, autocast dtype) from ``embedded.device`` / ``embedded.dtype``."""
+    if c.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(c.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"embedded.device={c.device!r} but no CUDA device is visible; set embedded.device=auto")
+    name = c.dtype
+    if name == "auto":
+        name = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if name not in ("float32", "float64", "bfloat16", "float16"):
+        raise ConfigError(f"embedded.dtype must be auto, float32, float64, bfloat16 or float16; got {c.dtype!r}")
+    if name == "float64":
+        return device, torch.float64, None
+    if name == "float32":
+        return device, torch.float32, None
+    if device.type != "cuda":
+        raise ConfigError(f"embedded.dtype={name} is for GPUs; on the CPU use float32 (or auto)")
+    return device, torch.float32, getattr(torch, name)  # fp32 master weights, low-precision compute
+
+
+def _load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
+    """The model and tokenizer: from a checkpoint when resuming, else ``model.path``, else the warmed-up tiny model."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    device, param_dtype, autocast_dtype = _device_and_dtypes(c)
+    if resume_from is not None:
+        model_dir, tokenizer_dir = resume_from / "actor", resume_from / "actor"
+    elif c.model_path is not None:
+        model_dir, tokenizer_dir = c.model_path, c.tokenizer_path or c.model_path
+    else:
+        model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=device)
+        tokenizer_dir = model_dir
+    try:
+        tokenizer = _load_tokenizer(tokenizer_dir, c.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=param_dtype, trust_remote_code=c.trust_remote_code
+        )
+    except OSError as err:
+        raise ConfigError(
+            f"cannot load actor_rollout_ref.model.path={str(model_dir)!r} ({err}); give a local directory saved with "
+            "save_pretrained, or a hub id with network access (nothing is downloaded in tests)"
+        ) from None
+    if c.custom_chat_template:
+        tokenizer.chat_template = c.custom_chat_template
+    if not tokenizer.chat_template:
+        raise ConfigError(
+            f"the tokenizer of {model_dir} has no chat template; set actor_rollout_ref.model.custom_chat_template"
+        )
+    tokenizer.padding_side = "left"
+    eos = {tokenizer.eos_token_id}
+    gen_eos = model.generation_config.eos_token_id
+    eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    eos.discard(None)
+    if not eos:
+        raise ConfigError(f"the tokenizer of {model_dir} defines no end-of-sequence token; responses could never end")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    model.generation_config = GenerationConfig(eos_token_id=sorted(eos), pad_token_id=pad_id)  # no hub defaults
+    for module in model.modules():  # dropout off: old and new log-probs must see the same network
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.0
+    if c.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.to(device)
+    return Policy(model, tokenizer, torch.tensor(sorted(eos)), int(pad_id), device, autocast_dtype)
+
+
+def _load_tokenizer(path, trust_remote_code: bool):
+    """``AutoTokenizer``, except for a directory saved from a plain ``tokenizers`` tokenizer (the embedded one):
+    given a ``config.json`` of model type qwen2, transformers 5 would load it as ``Qwen2Tokenizer`` and replace its
+    pre-tokenizer, changing every token id."""
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = Path(path) / "tokenizer_config.json"
+    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in ("TokenizersBackend",
+                                                                                        "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def _load_data(c: EngineConfig, tokenizer) -> tuple[PromptSet, PromptSet]:
+    task_dir = None
+    if c.train_files is None or c.val_files is None:
+        task_dir = task_files(c.cache_dir, c.task)
+    common = dict(
+        prompt_key=c.prompt_key, reward_fn_key=c.reward_fn_key, max_prompt_length=c.max_prompt_length,
+        filter_overlong_prompts=c.filter_overlong_prompts, truncation=c.truncation, seed=c.data_seed,
+        apply_chat_template_kwargs=c.apply_chat_template_kwargs,
+    )
+    train = load_prompts(c.train_files or [str(task_dir / "train.parquet")], tokenizer, files_key="data.train_files",
+                         max_samples=c.train_max_samples, **common)
+    val = load_prompts(c.val_files or [str(task_dir / "val.parquet")], tokenizer, files_key="data.val_files",
+                       max_samples=c.val_max_samples, **common)
+    if len(train) < c.gen_batch_size:
+        raise ConfigError(
+            f"data.train_files has {len(train)} usable prompts, fewer than data.gen_batch_size={c.gen_batch_size}; "
+            "use more data or a smaller data.gen_batch_size"
+        )
+    return train, val
+
+
+def _load_score_fn(c: EngineConfig):
+    """``dapo.reward.compute_score``, or verl's ``reward.custom_reward_function.{path,name}`` when set."""
+    if c.reward_path:
+        from verl.utils.import_utils import load_extern_object
+
+        return load_extern_object(c.reward_path, c.reward_name)
+    from dapo.reward import compute_score
+
+    return compute_score

@@ -1,0 +1,146 @@
+"""The embedded default's starting point: task data, tokenizer and a supervised warm-up of the tiny model, cached.
+
+A random model never answers correctly, so every group would be all-wrong and dynamic sampling would have
+nothing to keep. A short supervised phase (teacher forcing on ``Answer: <sum>``, loss on the response tokens only)
+brings the model to a modest, imperfect accuracy, where sampling G responses gives groups with mixed outcomes.
+
+Both stages are cached under ``embedded.cache_dir``: the task files and tokenizer keyed by a hash of the task
+settings (``embedded/task-<hash>``), the warmed-up model keyed by a hash of task + model + warm-up settings
+(``embedded/warmup-<hash>``). A directory is built under a temporary name and renamed when complete, so an
+interrupted build is redone and a completed one is reused by every later run with the same settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from recipe.embedded.config import ConfigError
+from recipe.embedded.rollout import sequence_log_probs
+from recipe.embedded.task import AdditionTask, build_model, build_tokenizer, target_text
+
+_CACHE_VERSION = 1  # bump when the recipe of the cached artefacts changes
+
+TASK_DEFAULTS = {"name": "addition", "digits": 2, "val_size": 256, "seed": 0}
+MODEL_DEFAULTS = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "max_position_embeddings": 256}
+WARMUP_DEFAULTS = {"steps": 220, "batch_size": 64, "lr": 2e-3, "seed": 0}
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _settings(given: dict, defaults: dict, key: str) -> dict:
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} under {key}; known: {sorted(defaults)}")
+    return {**defaults, **given}
+
+
+def _build_atomically(final: Path, build) -> Path:
+    if (final / "done.json").is_file():
+        return final
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    info = build(tmp)
+    (tmp / "done.json").write_text(json.dumps(info, indent=1))
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another process finished the same build first: use theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def task_files(cache_dir: str, task: dict) -> Path:
+    """The synthetic task's ``train.parquet``, ``val.parquet`` and ``tokenizer/`` (built once, then cached)."""
+    task = _settings(task, TASK_DEFAULTS, "embedded.task")
+    if task["name"] != "addition":
+        raise ConfigError(f"embedded.task.name={task['name']!r}: the embedded task is 'addition'")
+    spec = AdditionTask(digits=int(task["digits"]), val_size=int(task["val_size"]), seed=int(task["seed"]))
+    spec.problems()  # validates the settings before anything is written
+
+    def build(out: Path) -> dict:
+        spec.write_parquet(out)
+        build_tokenizer(spec).save_pretrained(out / "tokenizer")
+        return {"task": task}
+
+    return _build_atomically(Path(cache_dir) / "embedded" / f"task-{_digest([_CACHE_VERSION, task])}", build)
+
+
+def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device, log=print) -> Path:
+    """The warmed-up tiny model (Hugging Face format, with its tokenizer); built once per settings, then cached."""
+    task_dir = task_files(cache_dir, task)
+    model = _settings(model, MODEL_DEFAULTS, "embedded.model")
+    warmup = _settings(warmup, WARMUP_DEFAULTS, "embedded.warmup")
+    key = _digest([_CACHE_VERSION, json.loads((task_dir / "done.json").read_text()), model, warmup])
+    final = Path(cache_dir) / "embedded" / f"warmup-{key}"
+    if (final / "done.json").is_file():
+        info = json.loads((final / "done.json").read_text())
+        log(f"warm-up: reusing {final} (built in {info['seconds']:.0f} s)")
+        return final
+
+    def build(out: Path) -> dict:
+        from transformers import AutoTokenizer
+
+        log(f"warm-up: {warmup['steps']} supervised steps of {warmup['batch_size']} prompts (cached in {final})")
+        start = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(task_dir / "tokenizer")
+        # its own RNG stream: a run that builds the warm-up trains exactly like one that finds it cached
+        with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+            torch.manual_seed(int(warmup["seed"]))
+            policy = build_model(tokenizer, **model).to(device)
+            loss = supervised_warmup(policy, tokenizer, task_dir / "train.parquet", **warmup)
+        policy.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        seconds = time.perf_counter() - start
+        log(f"warm-up: done in {seconds:.0f} s, final loss {loss:.3f}")
+        return {"task_dir": str(task_dir), "model": model, "warmup": warmup, "seconds": seconds, "final_loss": loss}
+
+    return _build_atomically(final, build)
+
+
+def supervised_warmup(
+    model, tokenizer, train_file: Path, *, steps: int, batch_size: int, lr: float, seed: int
+) -> float:
+    """Teacher-forced cross-entropy on ``Answer: <ground truth><eos>`` for random train prompts; last loss."""
+    import pandas as pd
+
+    rows = pd.read_parquet(train_file)
+    texts = [tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=False) for m in rows["prompt"]]
+    prompts = [torch.tensor(t) for t in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    targets = [
+        torch.tensor(tokenizer(target_text(rm["ground_truth"]), add_special_tokens=False)["input_ids"]
+                     + [tokenizer.eos_token_id])
+        for rm in rows["reward_model"]
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))  # 10-step warm-up
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        idx = torch.randint(len(prompts), (batch_size,), generator=generator).tolist()
+        width = max(len(targets[i]) for i in idx)
+        response = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)  # [B, T]
+        mask = torch.zeros((batch_size, width), dtype=torch.long)  # [B, T]
+        for row, i in enumerate(idx):
+            response[row, : len(targets[i])] = targets[i]
+            mask[row, : len(targets[i])] = 1
+        log_prob, _ = sequence_log_probs(
+            model, [prompts[i] for i in idx], response, mask, temperature=1.0, pad_id=tokenizer.pad_token_id
+        )  # [B, T]
+        loss = -(log_prob * mask.to(log_prob.device)).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+    return float(loss.detach())

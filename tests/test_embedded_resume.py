@@ -1,0 +1,67 @@
+"""Kill a real ``python -m recipe.cli`` process after a checkpoint, start it again with the same command, and the
+steps after the checkpoint are those of an uninterrupted run: same metrics, same final parameters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from recipe import cli
+from recipe.embedded.checkpoint import TRACKER
+from recipe.embedded.monitor import read_metrics
+
+STEPS = 6
+
+
+def _comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith("timing_s/")}
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_where_it_stopped(tiny_run, tmp_path):
+    extra = {"trainer.total_training_steps": STEPS, "trainer.save_freq": 1, "trainer.test_freq": 3,
+             "trainer.max_actor_ckpt_to_keep": 2}
+
+    # the reference: uninterrupted
+    reference_dir = tmp_path / "reference"
+    assert cli.main(tiny_run(reference_dir, extra)) == 0
+    reference = {r["step"]: _comparable(r) for r in read_metrics(reference_dir)}
+
+    # the same command in a subprocess, killed with SIGKILL once checkpoint 2 is on disk
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "killed.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    tracker = run_dir / TRACKER
+    deadline = time.monotonic() + 240
+    while not (tracker.is_file() and int(tracker.read_text() or 0) >= 2):
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    resumed_from = int(tracker.read_text())
+    assert resumed_from < STEPS, "the process finished before it could be killed"
+
+    # started again with the same command: it resumes from the latest checkpoint
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {run_dir / f'global_step_{resumed_from}'}" in result.stdout
+
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(STEPS + 1))  # no step lost, none twice
+    for record in records:
+        assert _comparable(record) == reference[record["step"]], f"step {record['step']} differs"
+    final = f"global_step_{STEPS}/actor/model.safetensors"
+    expected, got = load_file(reference_dir / final), load_file(run_dir / final)
+    for name in expected:
+        assert (expected[name] == got[name]).all(), name

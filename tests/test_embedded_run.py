@@ -1,0 +1,95 @@
+"""A short run of the real entry point (``recipe.cli.main``, what ``dapo-train`` calls) on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dapo.metrics import METRIC_DOCS
+from recipe import cli
+from recipe.embedded.checkpoint import find_latest
+from recipe.embedded.monitor import PLOTS, read_metrics
+
+
+def _documented(name: str) -> bool:
+    """``name`` is a key of METRIC_DOCS, or matches one of its ``{data_source}`` / ``{k}`` templates."""
+    for doc in METRIC_DOCS:
+        pattern = re.escape(doc).replace(r"\{data_source\}", "[^/]+").replace(r"\{k\}", r"\d+")
+        if re.fullmatch(pattern, name):
+            return True
+    return False
+
+
+def _without_timing(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith("timing_s/")}
+
+
+def _warm_model_weights(cache) -> dict[str, torch.Tensor]:
+    (warm_dir,) = cache.glob("embedded/warmup-*")
+    return load_file(warm_dir / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_short_run_trains_every_parameter_and_logs_documented_metrics(tiny_run, embedded_cache, tmp_path):
+    run_dir = tmp_path / "run"
+    extra = {"trainer.logger": "[console,wandb]", "actor_rollout_ref.actor.optim.weight_decay": 0.0}
+    assert cli.main(tiny_run(run_dir, extra)) == 0
+
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2]  # validation before training, then one record per step
+    steps = records[1:]
+    for record in steps:
+        assert math.isfinite(record["actor/pg_loss"]) and math.isfinite(record["actor/grad_norm"])
+    assert "val-core/synthetic_addition/acc/mean@2" in records[0]
+    assert "val-core/synthetic_addition/acc/mean@2" in records[-1]
+
+    logged = {key for record in records for key in record if key != "step"}
+    undocumented = sorted(name for name in logged if not _documented(name))
+    assert not undocumented, f"metrics missing from dapo.metrics.METRIC_DOCS: {undocumented}"
+    for name in ("actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/grad_norm",
+                 "response_length/mean", "response_length/max", "response_length/clip_ratio", "critic/score/mean",
+                 "train/num_gen_batches", "timing_s/gen", "dapo/kept_group_frac", "dapo/overlong_frac"):
+        assert name in logged, name
+
+    # every trained parameter moved away from the warmed-up start (weight decay is off: only gradients move them)
+    before = _warm_model_weights(embedded_cache)
+    after = load_file(find_latest(run_dir) / "actor" / "model.safetensors")
+    assert before.keys() == after.keys()
+    unchanged = [name for name in before if torch.equal(before[name], after[name])]
+    assert not unchanged, f"parameters not updated: {unchanged}"
+
+    # W&B ran offline and its run file holds every metric name
+    (wandb_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    content = wandb_file.read_bytes()
+    missing = sorted(name for name in logged if name.encode() not in content)
+    assert not missing, f"not in the W&B run file: {missing}"
+
+    for name in PLOTS:
+        assert (run_dir / "plots" / name).stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_a_second_run_reuses_the_warm_up_and_trains_identically(tiny_run, tmp_path, capsys):
+    # a cache of its own, so that the first run really builds the warm-up
+    extra = {"trainer.total_training_steps": 1, "embedded.cache_dir": str(tmp_path / "cache")}
+    assert cli.main(tiny_run(tmp_path / "a", extra)) == 0
+    assert "warm-up: done" in capsys.readouterr().out
+    assert cli.main(tiny_run(tmp_path / "b", extra)) == 0
+    assert "warm-up: reusing" in capsys.readouterr().out
+    first, second = ([_without_timing(r) for r in read_metrics(tmp_path / name)] for name in ("a", "b"))
+    assert first == second
+
+
+@pytest.mark.slow
+def test_without_group_filter_every_group_is_trained(tiny_run, tmp_path):
+    extra = {"trainer.total_training_steps": 1, "algorithm.filter_groups.enable": False}
+    assert cli.main(tiny_run(tmp_path / "run", extra)) == 0
+    (record,) = [r for r in read_metrics(tmp_path / "run") if r["step"] == 1]
+    assert record["train/num_gen_batches"] == 1.0
+    assert "dapo/kept_group_frac" not in record  # no filter, no filter metrics
+    assert json.loads((tmp_path / "run" / "latest_checkpointed_iteration.txt").read_text()) == 1
