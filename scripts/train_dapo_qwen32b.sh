@@ -26,7 +26,7 @@
 #   PYTHON (python3)                             the interpreter on the cluster
 #
 # W&B: the job's processes need WANDB_API_KEY (run `wandb login` on the nodes, or put it in RUNTIME_ENV's
-# env_vars); this script does not copy secrets into the command line. docs/verl.md lists the metrics.
+# env_vars); this script does not copy secrets into the command line. README.md lists the metrics.
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
