@@ -17,7 +17,6 @@ from pathlib import Path
 
 USAGE = __doc__.split("\n\n")[1]
 DEFAULT_CONFIG = "embedded"
-VERL_CONFIGS = "pkg://verl.trainer.config"  # verl's ppo_trainer and its groups
 
 
 def config_dir() -> Path:
@@ -34,10 +33,9 @@ def compose(overrides: list[str], config_name: str = DEFAULT_CONFIG):
         raise FileNotFoundError(
             f"no config {config_name}.yaml in {directory}; set DAPO_CONFIG_DIR to the repository's configs directory"
         )
-    # the search path comes from here, so that every config of the directory composes as the primary one
-    searchpath = [f"hydra.searchpath=[{VERL_CONFIGS}]"]
+    # verl's own configs (ppo_trainer) come onto the search path through hydra_plugins/dapo_verl
     with initialize_config_dir(config_dir=str(directory), version_base=None):
-        return hydra_compose(config_name=config_name, overrides=searchpath + overrides)
+        return hydra_compose(config_name=config_name, overrides=overrides)
 
 
 def _split_args(args: list[str]) -> tuple[str, list[str]]:
