@@ -1,0 +1,446 @@
+"""End-to-end DAPO training: the embedded engine against TRL 1.16's GRPOTrainer (loss_type="dapo"), in one run.
+
+Same run, same start: both train the engine's warmed-up tiny Qwen2 (the ``embedded.warmup`` cache, built once if
+absent and not timed) on the same task files with the same G, lengths, batch, learning rate and schedule, and
+the same number of AdamW updates per rollout over the same number of samples. TRL's configuration is derived from
+the engine's composed config; the mapping and what cannot be matched are written down in ``bench/trl_peer.py``.
+
+How it runs. Each trainer runs in its own process (set up at the same time, untimed); then they take turns,
+one rollout step at a time, so each timed step has the machine to itself and machine noise hits both alike
+(bench/common.py's interleaving). Both use the engine's ``embedded.num_threads`` torch threads (1 in
+configs/embedded.yaml; ``--threads`` sets it):
+  ours  ``recipe.embedded.trainer.run(cfg)`` (what ``dapo-train`` runs) with checkpoints every ``--eval-every``
+        rollout steps as snapshots and validation off; a step's time is its ``timing_s/step`` (metrics.jsonl);
+  trl   ``GRPOTrainer.train()``; a rollout step (``updates_per_rollout`` optimizer steps, generation in the
+        first) is timed by a callback from the first ``on_step_begin`` to the last ``on_step_end``.
+Then both sets of snapshots (and the common start) are scored by one evaluator, here: ``generate`` from
+``recipe.embedded.rollout`` with the engine's validation sampling (``rollout.val_kwargs``: temperature 1.0,
+top_p 0.7, mean@4 over the 256 held-out problems), the same seed for every snapshot, graded by
+``dapo.reward.compute_score``. Evaluation time is excluded from both training times.
+
+Figures (medians over rollout steps):
+  step_s            HEADLINE: seconds per optimizer update = seconds per rollout step / updates per rollout.
+                    Both train the same number of samples per update; the engine's time includes dynamic
+                    sampling's extra generation (data.gen_batch_size prompts per round, rounds until
+                    data.train_batch_size groups are kept), which TRL does not do.
+  rollout_step_s    seconds per rollout step (one generation phase + all its updates), and its two parts:
+                    generation (generate, score, old log-probs; TRL: its first optimizer step less a plain
+                    one) and updates.
+  ms / response     seconds per rollout step / responses generated in it (the engine generates more per step).
+  time_to_target_s  training seconds (sum of step times, evaluation excluded) until the first evaluation at
+                    or above the target accuracy (``--target``; default: the start accuracy plus 0.9 x the
+                    smaller of the two best gains, a level both reach); null if not reached.
+
+Run: python -m bench.bench_trl [--quick] [--json PATH] [key=value ...]   (engine overrides, verl's names)
+Default: 48 rollout steps each, snapshots every 8 (about 7-8 minutes on 2 shared cores, plus a one-time warm-up
+of the start model if it is not cached); --quick: 6 steps, every 3, 64 held-out problems (about 2 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from bench.common import print_table, write_json
+
+CONTENDERS = ("ours", "trl")
+PRESETS = {  # rollout steps, steps between snapshots, engine overrides (both read them)
+    "default": {"steps": 48, "eval_every": 8, "overrides": []},
+    "quick": {"steps": 6, "eval_every": 3, "overrides": ["data.val_max_samples=64"]},  # mean@4 over 64 problems
+}
+TARGET_FRACTION = 0.9  # default target: start + 0.9 x the smaller of the two best gains
+
+
+def engine_overrides(run_dir: Path, steps: int, eval_every: int, threads: int | None) -> list[str]:
+    """What the bench sets on top of configs/embedded.yaml: length, checkpoints as snapshots, nothing extra."""
+    return [
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={eval_every}",
+        "trainer.max_actor_ckpt_to_keep=null",  # keep every snapshot
+        "trainer.test_freq=-1",  # validation is done afterwards, for both, by the same evaluator
+        "trainer.val_before_train=false",
+        "trainer.resume_mode=disable",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={run_dir}",
+        "embedded.progress_bar=false",
+    ] + ([] if threads is None else [f"embedded.num_threads={threads}"])
+
+
+def engine_config(overrides: list[str]):
+    """The composed config (as ``dapo-train`` composes it) and the engine's checked view of it."""
+    from recipe.cli import compose
+    from recipe.embedded.config import read_config
+
+    cfg = compose(overrides)
+    return cfg, read_config(cfg)
+
+
+def data_files(c) -> tuple[str, list[str]]:
+    """The train / validation parquet the engine reads (the synthetic task's unless data.*_files are set)."""
+    if c.train_files is None or c.val_files is None:
+        from recipe.embedded.warmup import task_files
+
+        task_dir = task_files(c.cache_dir, c.task)
+    train = c.train_files or [str(task_dir / "train.parquet")]
+    val = c.val_files or [str(task_dir / "val.parquet")]
+    if len(train) != 1:
+        raise SystemExit(f"bench_trl: give TRL one train file (data.train_files has {len(train)})")
+    return train[0], val
+
+
+def start_model(c) -> str:
+    """The model both start from: ``actor_rollout_ref.model.path``, else the engine's warm-up cache entry."""
+    if c.model_path is not None:
+        return c.model_path
+    from recipe.embedded.warmup import warm_model
+
+    start = time.perf_counter()
+    path = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
+    print(f"start model: {path} ({time.perf_counter() - start:.0f} s to get it, not timed)")
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------------- workers
+
+
+class Turns:
+    """Strict alternation of the two training processes, one rollout step at a time (as bench/common.py's
+    ``time_interleaved`` alternates calls): each step runs alone on the machine, machine noise hits both alike.
+
+    ``take(me)`` before each rollout step: the first call waits until both processes are set up (their setup is
+    not timed and must not overlap a timed step), later calls hand the turn over and wait for it to come back.
+    ``finish(me)`` when done: the other process then never waits again.
+    """
+
+    def __init__(self, ctx):
+        self.sem = {name: ctx.Semaphore(0) for name in CONTENDERS}
+        self.done = {name: ctx.Event() for name in CONTENDERS}
+        self.ready = ctx.Barrier(len(CONTENDERS))
+        self.started = {name: ctx.Event() for name in CONTENDERS}
+
+    def _other(self, me: str) -> str:
+        return CONTENDERS[1 - CONTENDERS.index(me)]
+
+    def _wait(self, me: str) -> None:
+        while not self.sem[me].acquire(timeout=0.2):
+            if self.done[self._other(me)].is_set():
+                return
+
+    def take(self, me: str) -> None:
+        if not self.started[me].is_set():
+            self.started[me].set()
+            self.ready.wait(timeout=1800)
+            if me == CONTENDERS[0]:
+                return  # the first contender starts
+        else:
+            self.sem[self._other(me)].release()
+        self._wait(me)
+
+    def finish(self, me: str) -> None:
+        self.done[me].set()
+        self.sem[self._other(me)].release()
+        self.ready.abort()  # never block a process still at the barrier
+
+
+def worker(name: str, spec: dict, turns: Turns) -> None:
+    """One contender's training, in its own process; writes ``<name>.json`` (rollout step seconds, snapshots)."""
+    out_dir = Path(spec["out_dir"])
+    log = open(out_dir / f"{name}.log", "w")
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    try:
+        cfg, c = engine_config(spec["overrides"])
+        if c.num_threads is not None:  # as the engine does (None: torch's default)
+            torch.set_num_threads(c.num_threads)
+        train = train_ours if name == "ours" else train_trl
+        result = train(cfg, c, spec, turns)
+    finally:
+        turns.finish(name)  # after everything this process does, so that it never overlaps a timed step
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
+
+
+def train_ours(cfg, c, spec: dict, turns: Turns) -> dict:
+    """The engine, as ``dapo-train`` runs it; step times from its metrics.jsonl, its checkpoints as snapshots."""
+    from bench.trl_peer import updates_per_rollout
+    from recipe.embedded import trainer
+    from recipe.embedded.monitor import read_metrics
+
+    # The engine has no per-step hook: wrap its step method (the loop calls it once per rollout step, and times
+    # the step inside it) so that it takes its turn first. Needs recipe.embedded.trainer._Trainer.step.
+    step_method = getattr(getattr(trainer, "_Trainer", None), "step", None)
+    if step_method is None:
+        raise SystemExit("bench_trl: recipe.embedded.trainer._Trainer.step is gone; the alternation needs a "
+                         "per-step hook of the engine (see train_ours in bench/bench_trl.py)")
+
+    def step_in_turn(self, *args, **kwargs):
+        turns.take("ours")
+        return step_method(self, *args, **kwargs)
+
+    trainer._Trainer.step = step_in_turn
+    run_dir = trainer.run(cfg)
+    records = [r for r in read_metrics(run_dir) if r.get("timing_s/step") is not None]
+    return {
+        "rollout_s": [r["timing_s/step"] for r in records],
+        "gen_s": [r.get("timing_s/gen", float("nan")) for r in records],
+        "update_s": [r.get("timing_s/update_actor", float("nan")) for r in records],
+        "generated": [r.get("dapo/generated_prompts", c.train_batch_size) * c.n for r in records],
+        "kept_group_frac": [r.get("dapo/kept_group_frac") for r in records],
+        "updates_per_rollout": updates_per_rollout(c),
+        "torch_threads": torch.get_num_threads(),
+        "snapshots": {
+            str(s): str(run_dir / f"global_step_{s}" / "actor")
+            for s in range(spec["eval_every"], spec["steps"] + 1, spec["eval_every"])
+        },
+    }
+
+
+def train_trl(cfg, c, spec: dict, turns: Turns) -> dict:
+    from bench.trl_peer import run_worker
+
+    return run_worker(c, spec["model_dir"], spec["train_file"], Path(spec["out_dir"]), spec["steps"],
+                      spec["eval_every"], turns)
+
+
+def run_alternating(spec: dict, out_dir: Path) -> dict[str, dict]:
+    """Run both trainers in two processes taking turns step by step; on failure show the failing log's tail."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    turns = Turns(ctx)
+    procs = {name: ctx.Process(target=worker, args=(name, spec, turns), name=f"bench_trl-{name}")
+             for name in CONTENDERS}
+    start = time.perf_counter()
+    for proc in procs.values():
+        proc.start()
+    for proc in procs.values():
+        proc.join()
+    print(f"training, both taking turns: {time.perf_counter() - start:.0f} s wall (setup included)")
+    failed = [name for name, proc in procs.items() if proc.exitcode != 0]
+    for name in failed:
+        tail = (out_dir / f"{name}.log").read_text().splitlines()[-30:]
+        print(f"--- {name} failed; last lines of {out_dir / f'{name}.log'}:\n" + "\n".join(tail), file=sys.stderr)
+    if failed:
+        raise SystemExit(f"bench_trl: {', '.join(failed)} failed")
+    return {name: json.loads((out_dir / f"{name}.json").read_text()) for name in CONTENDERS}
+
+
+# ---------------------------------------------------------------------------------------------------- evaluator
+
+
+class Evaluator:
+    """mean@k accuracy on the held-out set at the engine's validation sampling, one seed for every model."""
+
+    def __init__(self, c, model_dir: str, val_files: list[str], seed: int = 12345):
+        from bench.trl_peer import load_tokenizer
+        from recipe.embedded.data import load_prompts
+
+        self.c, self.model_dir, self.seed = c, model_dir, seed
+        self.tokenizer = load_tokenizer(model_dir)
+        self.val = load_prompts(
+            val_files, self.tokenizer, files_key="data.val_files", prompt_key=c.prompt_key,
+            reward_fn_key=c.reward_fn_key, max_prompt_length=c.max_prompt_length,
+            filter_overlong_prompts=c.filter_overlong_prompts, truncation=c.truncation,
+            max_samples=c.val_max_samples, seed=c.data_seed,
+        )
+
+    def load(self, weights: str):
+        from transformers import AutoModelForCausalLM
+
+        if weights.endswith(".pt"):  # a TRL snapshot: state dict of the start model's architecture
+            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+            model.load_state_dict(torch.load(weights, map_location="cpu"))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
+        return model.eval()
+
+    @torch.no_grad()
+    def accuracy(self, weights: str) -> float:
+        from dapo.reward import compute_score
+        from recipe.embedded.rollout import SamplingParams, generate
+
+        c, tok = self.c, self.tokenizer
+        model = self.load(weights)
+        eos = {tok.eos_token_id}
+        gen_eos = model.generation_config.eos_token_id
+        eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        eos.discard(None)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+        params = SamplingParams(c.val_do_sample, c.val_temperature, c.val_top_p, c.val_top_k)
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            ids, mask = generate(
+                model, self.val.prompt_ids, n=c.val_n, params=params, max_new_tokens=c.max_response_length,
+                eos_ids=torch.tensor(sorted(eos)), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
+            )  # [V*k, T]
+        truths = [t for t in self.val.ground_truths for _ in range(c.val_n)]
+        correct = [
+            compute_score(None, tok.decode(ids[i][mask[i].bool()], skip_special_tokens=True), truths[i])["acc"]
+            for i in range(ids.shape[0])
+        ]
+        return sum(correct) / len(correct)
+
+
+def check_prompt_parity(c, model_dir: str, train_file: str, rows: int = 64) -> None:
+    """TRL tokenizes prompts itself (apply_chat_template, tokenize=True) with the tokenizer given to it; its
+    tokens must be the engine's: for the embedded model, those of the tokenizer the warm-up trained with."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from bench.trl_peer import load_tokenizer, train_dataset
+    from recipe.embedded.data import load_prompts
+
+    tok = load_tokenizer(model_dir)
+    reference = tok
+    if c.model_path is None:  # the task's own tokenizer directory (no model config beside it)
+        from recipe.embedded.warmup import task_files
+
+        reference = AutoTokenizer.from_pretrained(task_files(c.cache_dir, c.task) / "tokenizer")
+    with tempfile.TemporaryDirectory() as tmp:
+        head = Path(tmp) / "head.parquet"
+        pd.read_parquet(train_file).head(rows).to_parquet(head, index=False)
+        ours = load_prompts([str(head)], reference, files_key="data.train_files", prompt_key=c.prompt_key,
+                            reward_fn_key=c.reward_fn_key, max_prompt_length=c.max_prompt_length,
+                            filter_overlong_prompts=False, truncation=c.truncation)
+        prompts = list(train_dataset(str(head))["prompt"])
+    theirs = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    if [p.tolist() for p in ours.prompt_ids] != [list(t) for t in theirs]:
+        raise SystemExit("bench_trl: TRL's prompt tokens differ from the engine's; the comparison would be unfair")
+
+
+# ---------------------------------------------------------------------------------------------------- figures
+
+
+def time_to(target: float, acc: dict[int, float], rollout_s: list[float]) -> tuple[float | None, int | None]:
+    """Training seconds and rollout steps until the first evaluation with accuracy >= target."""
+    for step in sorted(acc):
+        if acc[step] >= target:
+            return sum(rollout_s[:step]), step
+    return None, None
+
+
+def figures(results: dict[str, dict], acc: dict[str, dict[int, float]], target: float | None) -> dict:
+    start = acc["ours"][0]
+    if target is None:  # a level both reach: most of the smaller gain
+        target = start + TARGET_FRACTION * max(0.0, min(max(a.values()) - start for a in acc.values()))
+    out = {"target_acc": target, "start_acc": start}
+    for name, r in results.items():
+        rollout_s, upr = r["rollout_s"], r["updates_per_rollout"]
+        per_response = [s / g for s, g in zip(rollout_s, r["generated"])]
+        t, steps = time_to(target, acc[name], rollout_s)
+        out[name] = {
+            "step_s": statistics.median(rollout_s) / upr,
+            "rollout_step_s": statistics.median(rollout_s),
+            "gen_phase_s": statistics.median(r["gen_s"]),
+            "update_phase_s": statistics.median(r["update_s"]),
+            "response_ms": statistics.median(per_response) * 1e3,
+            "time_to_target_s": t,
+            "steps_to_target": steps,
+            "train_s_total": sum(rollout_s),
+            "rollout_steps": len(rollout_s),
+            "updates_per_rollout": upr,
+            "generated_per_step": statistics.mean(r["generated"]),
+            "val_acc": {str(k): v for k, v in sorted(acc[name].items())},
+            "final_acc": acc[name][max(acc[name])],
+            "best_acc": max(acc[name].values()),
+        }
+    ours, trl = out["ours"], out["trl"]
+    out["speedup_step"] = trl["step_s"] / ours["step_s"]
+    out["speedup_response"] = trl["response_ms"] / ours["response_ms"]
+    both = ours["time_to_target_s"] and trl["time_to_target_s"]  # reached by both, after step 0
+    out["speedup_time_to_target"] = trl["time_to_target_s"] / ours["time_to_target_s"] if both else None
+    return out
+
+
+def report(fig: dict, settings: dict) -> None:
+    print(f"\nDAPO training, engine vs TRL GRPOTrainer(loss_type='dapo'), taking turns step by step, "
+          f"{settings['threads']} torch thread(s) each; {settings['steps']} rollout steps of "
+          f"{settings['train_batch_size']} prompts x {settings['n']}, {fig['ours']['updates_per_rollout']} updates "
+          "each; medians over rollout steps")
+    rows = []
+    for name in CONTENDERS:
+        f = fig[name]
+        ttt = "not reached"
+        if f["time_to_target_s"] is not None:
+            ttt = f"{f['time_to_target_s']:.1f} (step {f['steps_to_target']})"
+        rows.append([name, f["step_s"], f["rollout_step_s"], f["gen_phase_s"], f["update_phase_s"],
+                     f["generated_per_step"], f["response_ms"], f"{fig['start_acc']:.3f} -> {f['final_acc']:.3f}",
+                     ttt])
+    print_table(["contender", "s / update", "s / rollout step", "(generation", "updates)", "responses / step",
+                 "ms / response", "val acc start -> end", f"s to acc >= {fig['target_acc']:.3f}"], rows)
+    print("\nvalidation accuracy (mean@k, same evaluator) by rollout step:")
+    steps = sorted(int(s) for s in fig["ours"]["val_acc"])
+    print_table(["rollout step", *map(str, steps)],
+                [[name, *[fig[name]["val_acc"].get(str(s), float("nan")) for s in steps]] for name in CONTENDERS])
+    ttt = fig["speedup_time_to_target"]
+    print(f"\nthroughput, ours over TRL (headline, s / update): {fig['speedup_step']:.2f}x; per generated response: "
+          f"{fig['speedup_response']:.2f}x; time to target: " + ("n/a" if ttt is None else f"{ttt:.2f}x"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="engine config overrides (key=value, verl's names), applied to both")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument("--quick", action="store_true",
+                   help="6 rollout steps, evaluated every 3 on 64 held-out problems (about 2 minutes)")
+    p.add_argument("--steps", type=int, default=None, help="rollout steps per contender")
+    p.add_argument("--eval-every", type=int, default=None, help="rollout steps between snapshots")
+    p.add_argument("--target", type=float, default=None, help="validation accuracy for time_to_target_s")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of both (sets embedded.num_threads; default: the engine's setting)")
+    p.add_argument("--keep", type=Path, default=None, help="keep run dirs and logs here (default: a temp dir)")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore", message=".*engine is not available.*")  # verl's optional engines
+    os.environ["WANDB_MODE"] = "disabled"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    preset = PRESETS["quick" if args.quick else "default"]
+    steps, every = args.steps or preset["steps"], args.eval_every or preset["eval_every"]
+    if steps % every:
+        raise SystemExit(f"--steps ({steps}) must be a multiple of --eval-every ({every})")
+    with tempfile.TemporaryDirectory(prefix="bench_trl-") as tmp:
+        out_dir = (args.keep or Path(tmp)).resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        overrides = engine_overrides(out_dir / "ours_run", steps, every, args.threads) + preset["overrides"]
+        overrides += args.overrides
+        _, c = engine_config(overrides)
+        model_dir = start_model(c)
+        train_file, val_files = data_files(c)
+        check_prompt_parity(c, model_dir, train_file)
+        spec = {"overrides": overrides, "model_dir": model_dir, "train_file": train_file, "steps": steps,
+                "eval_every": every, "out_dir": str(out_dir)}
+        results = run_alternating(spec, out_dir)
+
+        if c.num_threads is not None:
+            torch.set_num_threads(c.num_threads)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one "Loading weights" bar per snapshot otherwise
+        evaluator = Evaluator(c, model_dir, val_files)
+        start = time.perf_counter()
+        acc = {name: {} for name in CONTENDERS}
+        acc["ours"][0] = acc["trl"][0] = evaluator.accuracy(model_dir)
+        for step in range(every, steps + 1, every):  # interleaved
+            for name in CONTENDERS:
+                acc[name][step] = evaluator.accuracy(results[name]["snapshots"][str(step)])
+        print(f"evaluation: {2 * (steps // every) + 1} models in {time.perf_counter() - start:.0f} s (not timed)")
+
+        fig = figures(results, acc, args.target)
+        settings = {"steps": steps, "eval_every": every, "threads": results["ours"]["torch_threads"], "n": c.n,
+                    "train_batch_size": c.train_batch_size, "gen_batch_size": c.gen_batch_size,
+                    "ppo_mini_batch_size": c.ppo_mini_batch_size, "max_response_length": c.max_response_length,
+                    "lr": c.lr, "val_n": c.val_n, "val_top_p": c.val_top_p, "overrides": args.overrides,
+                    "filter_groups": c.filter_groups, "preset": "quick" if args.quick else "default"}
+        report(fig, settings)
+        write_json(args.json, {**fig, "settings": settings})
+
+
+if __name__ == "__main__":
+    main()
