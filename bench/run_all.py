@@ -15,6 +15,7 @@ BENCHES = {
     "loss": "bench.bench_loss",
     "scorer": "bench.bench_scorer",
     "sampling": "bench.bench_sampling",
+    "trl": "bench.bench_trl",
 }
 
 
