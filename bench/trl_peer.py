@@ -20,7 +20,8 @@ dapo.overlong_filter = true                 mask_truncated_completions = True
 norm_adv_by_std_in_grpo = true              scale_rewards = "group"
 reward: dapo.reward.compute_score           reward_funcs[0]: the same function, score (+1 / -1)
   + overlong_buffer_cfg (len, factor)         + trl.rewards.get_soft_overlong_punishment(max_resp_len, len),
-                                              weight penalty_factor (checked equal to dapo.shaping.overlong_penalty)
+                                              weight penalty_factor (checked equal to dapo.shaping.overlong_penalty;
+                                              both count the EOS token in a response's length)
 optim: AdamW(lr, betas, weight_decay)       optimizers=(the same torch AdamW, ...)
 lr_warmup_steps = W rollout steps, then     ... a LambdaLR whose factor is (u // (E*B/b)) / W for update u: the
   constant (stepped once per rollout)         engine's staircase exactly (HF's constant_with_warmup ramps per update)
@@ -92,7 +93,7 @@ def trl_grpo_kwargs(c, output_dir: str, rollout_steps: int) -> dict:
         beta=0.0,
         mask_truncated_completions=c.overlong_filter,
         scale_rewards="group" if c.norm_adv_by_std_in_grpo else "none",
-        # optimisation (the optimizer and schedule themselves are passed in, see build_trainer)
+        # optimisation (the optimizer and schedule themselves are passed in, see run_worker)
         learning_rate=c.lr,
         weight_decay=c.weight_decay,
         max_grad_norm=c.grad_clip,
