@@ -49,7 +49,6 @@ What cannot be matched (TRL has no knob for it), none of which favours the engin
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -185,22 +184,10 @@ def train_dataset(train_file: str):
 
 
 def load_tokenizer(path: str):
-    """The tokenizer saved in ``path``, as the engine loads it (``recipe/embedded/trainer.py``, ``_load_tokenizer``).
+    """The tokenizer saved in ``path``, loaded as the engine loads it, left-padded for TRL's generation."""
+    from recipe.embedded.trainer import load_tokenizer as engine_load_tokenizer
 
-    transformers 5 loads a directory that also holds a qwen2 ``config.json`` as ``Qwen2Tokenizer`` and swaps in
-    Qwen's pre-tokenizer, which changes every token id of the embedded tokenizer (149 prompt tokens instead of
-    20, and a model that only answers garbage); a tokenizer saved from plain ``tokenizers`` is therefore loaded as
-    ``PreTrainedTokenizerFast``, as the engine does.
-    """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    config = Path(path) / "tokenizer_config.json"
-    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in (
-        "TokenizersBackend", "PreTrainedTokenizerFast"
-    ):
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = engine_load_tokenizer(path)
     tokenizer.padding_side = "left"
     return tokenizer
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -495,7 +494,7 @@ def _load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
         model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=device)
         tokenizer_dir = model_dir
     try:
-        tokenizer = _load_tokenizer(tokenizer_dir, c.trust_remote_code)
+        tokenizer = load_tokenizer(tokenizer_dir, c.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=param_dtype, trust_remote_code=c.trust_remote_code
         )
@@ -530,7 +529,7 @@ def _load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
     return Policy(model, tokenizer, torch.tensor(sorted(eos)), int(pad_id), device, autocast_dtype)
 
 
-def _load_tokenizer(path, trust_remote_code: bool):
+def load_tokenizer(path, trust_remote_code: bool = False):
     """``AutoTokenizer``, except for a directory saved from a plain ``tokenizers`` tokenizer (the embedded one):
     given a ``config.json`` of model type qwen2, transformers 5 would load it as ``Qwen2Tokenizer`` and replace its
     pre-tokenizer, changing every token id."""
