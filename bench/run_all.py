@@ -16,6 +16,7 @@ BENCHES = {
     "scorer": "bench.bench_scorer",
     "sampling": "bench.bench_sampling",
     "trl": "bench.bench_trl",
+    "ablation": "bench.ablation",  # the longest: about 50 minutes (python -m bench.ablation --quick: a few)
 }
 
 

@@ -92,10 +92,13 @@ def load_prompts(
     if len(frame) == 0:
         raise ConfigError(f"{files_key} ({', '.join(paths)}) has no rows")
 
-    messages = frame[prompt_key]
-    reward_models = frame["reward_model"]
-    data_sources = [str(s) for s in frame[reward_fn_key]]
-    extra_infos = frame["extra_info"] if "extra_info" in frame.column_names else [None] * len(frame)
+    # plain lists, read once: indexing a datasets column row by row costs about a millisecond a row
+    wanted = [c for c in dict.fromkeys((prompt_key, reward_fn_key, "reward_model", "extra_info")) if c in frame.column_names]
+    columns = frame.select_columns(wanted).to_dict()
+    messages = columns[prompt_key]
+    reward_models = columns["reward_model"]
+    data_sources = [str(s) for s in columns[reward_fn_key]]
+    extra_infos = columns["extra_info"] if "extra_info" in columns else [None] * len(frame)
 
     ground_truths, no_truth = [], []
     for row, reward_model in enumerate(reward_models):

@@ -188,7 +188,8 @@ class _Trainer:
         if self.filler is None:  # filter_groups.enable=False: one round, every group trained
             indices = [self.stream.next() for _ in range(c.train_batch_size)]
             groups, _, acc = self.rollout(indices, keep_all=True)
-            return groups, {"train/num_gen_batches": 1.0}, acc.float().mean().item()
+            return groups, {"train/num_gen_batches": 1.0, "dapo/generated_prompts": float(len(indices))}, \
+                acc.float().mean().item()
 
         self.filler.begin_step(step)
         while not self.filler.done:

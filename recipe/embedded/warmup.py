@@ -23,11 +23,16 @@ import torch
 
 from recipe.embedded.config import ConfigError
 from recipe.embedded.rollout import sequence_log_probs
-from recipe.embedded.task import AdditionTask, build_model, build_tokenizer, target_text
+from recipe.embedded.task import AdditionTask, StepsAdditionTask, build_model, build_tokenizer, solution_text
 
 _CACHE_VERSION = 1  # bump when the recipe of the cached artefacts changes
 
 TASK_DEFAULTS = {"name": "addition", "digits": 2, "val_size": 256, "seed": 0}
+TASKS = {  # embedded.task.name -> (task class, its settings' defaults)
+    "addition": (AdditionTask, TASK_DEFAULTS),
+    "addition_steps": (StepsAdditionTask, {"name": "addition_steps", "digits": 3, "val_size": 256, "train_size": 4000,
+                                           "seed": 0}),
+}
 MODEL_DEFAULTS = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
                   "num_key_value_heads": 2, "max_position_embeddings": 256}
 WARMUP_DEFAULTS = {"steps": 220, "batch_size": 64, "lr": 2e-3, "seed": 0}
@@ -61,11 +66,16 @@ def _build_atomically(final: Path, build) -> Path:
 
 def task_files(cache_dir: str, task: dict) -> Path:
     """The synthetic task's ``train.parquet``, ``val.parquet`` and ``tokenizer/`` (built once, then cached)."""
-    task = _settings(task, TASK_DEFAULTS, "embedded.task")
-    if task["name"] != "addition":
-        raise ConfigError(f"embedded.task.name={task['name']!r}: the embedded task is 'addition'")
-    spec = AdditionTask(digits=int(task["digits"]), val_size=int(task["val_size"]), seed=int(task["seed"]))
-    spec.problems()  # validates the settings before anything is written
+    name = task.get("name", "addition")
+    if name not in TASKS:
+        raise ConfigError(f"embedded.task.name={name!r} is unknown; the embedded tasks are {', '.join(TASKS)}")
+    task_class, defaults = TASKS[name]
+    task = _settings(task, defaults, "embedded.task")
+    spec = task_class(**{k: int(v) for k, v in task.items() if k != "name"})
+    try:
+        spec.problems()  # validates the settings before anything is written
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
     def build(out: Path) -> dict:
         spec.write_parquet(out)
@@ -110,16 +120,16 @@ def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device,
 def supervised_warmup(
     model, tokenizer, train_file: Path, *, steps: int, batch_size: int, lr: float, seed: int
 ) -> float:
-    """Teacher-forced cross-entropy on ``Answer: <ground truth><eos>`` for random train prompts; last loss."""
+    """Teacher-forced cross-entropy on the task's solution (``Answer: <ground truth>``, or the worked solution of
+    ``addition_steps``) followed by EOS, for random train prompts; the last loss."""
     import pandas as pd
 
     rows = pd.read_parquet(train_file)
     texts = [tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=False) for m in rows["prompt"]]
     prompts = [torch.tensor(t) for t in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     targets = [
-        torch.tensor(tokenizer(target_text(rm["ground_truth"]), add_special_tokens=False)["input_ids"]
-                     + [tokenizer.eos_token_id])
-        for rm in rows["reward_model"]
+        torch.tensor(tokenizer(solution_text(row), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+        for row in rows.to_dict("records")
     ]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))  # 10-step warm-up

@@ -1,0 +1,185 @@
+"""bench/ablation.py: the six rows of the paper's Table 1 on the embedded engine."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from bench import ablation
+from recipe.cli import compose
+from recipe.embedded.config import read_config
+
+ACTOR = "actor_rollout_ref.actor"
+
+
+def _flat(cfg) -> dict:
+    """Leaf keys of the composed config, interpolations unresolved (verl's ``critic.loss_agg_mode`` follows the
+    actor's through one, which is not a second change)."""
+
+    def walk(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from walk(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    return dict(walk(OmegaConf.to_container(cfg, resolve=False)))
+
+
+def _row_overrides(row: dict) -> list[str]:
+    return [f"{k}={ablation._value(v)}" for k, v in row.items()]
+
+
+def test_rows_are_the_papers_table_in_order():
+    names = [name for name, _ in ablation.rows()]
+    assert names == ["naive GRPO", "+ overlong filtering", "+ clip-higher", "+ soft overlong punishment",
+                     "+ token-level loss", "+ dynamic sampling (DAPO)"]
+    assert len({ablation.slug(n) for n in names}) == 6
+
+
+def test_each_row_composes_and_differs_from_the_one_before_in_exactly_its_technique():
+    configs = [_flat(compose(_row_overrides(row), ablation.CONFIG_NAME)) for _, row in ablation.rows()]
+    expected_changes = [
+        {"dapo.overlong_filter": (False, True)},
+        {f"{ACTOR}.clip_ratio_high": (0.2, 0.28)},
+        {"reward.reward_kwargs.overlong_buffer_cfg.enable": (False, True)},
+        {f"{ACTOR}.loss_agg_mode": ("seq-mean-token-mean", "token-mean")},
+        {"algorithm.filter_groups.enable": (False, True)},
+    ]
+    for before, after, expected in zip(configs, configs[1:], expected_changes):
+        assert set(before) == set(after)
+        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        assert changed == expected
+    # the last row is configs/ablation.yaml as it stands: full DAPO with the paper's settings
+    assert configs[-1] == _flat(compose([], ablation.CONFIG_NAME))
+    naive = configs[0]
+    assert naive[f"{ACTOR}.clip_ratio_low"] == naive[f"{ACTOR}.clip_ratio_high"] == 0.2
+    assert naive[f"{ACTOR}.use_kl_loss"] is False and naive["algorithm.use_kl_in_reward"] is False
+
+
+def test_every_row_is_a_valid_engine_config_with_its_techniques():
+    seen = []
+    for _, row in ablation.rows():
+        c = read_config(compose(_row_overrides(row), ablation.CONFIG_NAME))
+        seen.append((c.overlong_filter, c.clip_ratio_high, c.overlong_buffer, c.loss_agg_mode, c.filter_groups))
+        assert c.task["name"] == "addition_steps" and c.max_response_length == 28
+        assert (c.max_resp_len, c.overlong_buffer_len) == (28, 6)
+    assert seen == [
+        (False, 0.2, False, "seq-mean-token-mean", False),
+        (True, 0.2, False, "seq-mean-token-mean", False),
+        (True, 0.28, False, "seq-mean-token-mean", False),
+        (True, 0.28, True, "seq-mean-token-mean", False),
+        (True, 0.28, True, "token-mean", False),
+        (True, 0.28, True, "token-mean", True),
+    ]
+
+
+def _records(val: dict[int, float], entropy: float, length: float, generated_prompts: int) -> list[dict]:
+    records = [{"step": 0, "val-core/synthetic_addition/acc/mean@4": val[0]}]
+    for step in range(1, max(val) + 1):
+        r = {"step": step, "actor/entropy": entropy, "response_length/mean": length,
+             "dapo/generated_prompts": generated_prompts, "dapo/overlong_frac": 0.25}
+        if step in val:
+            r["val-core/synthetic_addition/acc/mean@4"] = val[step]
+        records.append(r)
+    return records
+
+
+def test_summary_figures_by_hand():
+    slow = _records({0: 0.2, 2: 0.3, 4: 0.4}, entropy=0.5, length=10.0, generated_prompts=4)
+    fast = _records({0: 0.2, 2: 0.5, 4: 0.6}, entropy=0.7, length=12.0, generated_prompts=8)
+    never = _records({0: 0.2, 2: 0.2, 4: 0.2}, entropy=0.1, length=9.0, generated_prompts=4)
+    names = [name for name, _ in ablation.rows()]
+    results = {names[0]: [slow, fast], names[1]: [fast, fast], names[2]: [never, never],
+               names[3]: [slow, never], names[4]: [slow, slow], names[5]: [never, fast]}
+    figures = ablation.summarise(results, target=0.4, train_batch_size=4, n=2)
+    assert figures["start_acc"] == pytest.approx(0.2) and figures["target"] == 0.4
+    rows = {r["name"]: r for r in figures["rows"]}
+    first = rows[names[0]]
+    assert first["val_acc_mean"] == pytest.approx(0.5) and first["val_acc_std"] == pytest.approx(math.sqrt(0.02))
+    assert first["steps_to_target"] == 3.0  # median of 4 and 2
+    # slow reaches 0.4 at step 4: 4 steps x 4 prompts x 2 = 32 responses; fast at step 2: 2 x 8 x 2 = 32
+    assert first["responses_to_target"] == 32.0
+    assert first["final_entropy"] == pytest.approx(0.6) and first["truncated_frac"] == pytest.approx(0.25)
+    assert rows[names[2]]["steps_to_target"] is None and rows[names[2]]["seeds_reaching_target"] == 0
+    assert rows[names[3]]["steps_to_target"] is None  # one seed of two never reaches: the median is never
+    assert rows[names[5]]["seeds_reaching_target"] == 1
+    assert [r["paper_aime_avg32"] for r in figures["rows"]] == [30, 36, 38, 41, 42, 50]
+    # the default target: start 0.2 + 0.8 x (best mean final 0.6 - 0.2) = 0.52, reached only by fast, at step 4
+    default = ablation.summarise(results, target=None, train_batch_size=4, n=2)
+    assert default["target"] == pytest.approx(0.52)
+    assert {r["name"]: r["steps_to_target"] for r in default["rows"]}[names[1]] == 4
+    assert ablation.summarise(results, target=0.55, train_batch_size=4, n=2)["target"] == 0.55
+
+
+TINY = [  # a run of seconds: 1-digit operands (one column), the tiny model warmed up for 100 steps to about a third
+    # right, so groups are mixed and dynamic sampling fills its batch; 2 steps of 4 prompts
+    "embedded.task.digits=1", "embedded.task.val_size=8", "embedded.task.train_size=24",
+    "embedded.warmup.steps=100", "embedded.warmup.batch_size=32",
+    "data.max_response_length=10", "reward.reward_kwargs.overlong_buffer_cfg.len=3",
+    "data.train_batch_size=4", "data.gen_batch_size=6", "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.rollout.val_kwargs.n=2", f"{ACTOR}.ppo_mini_batch_size=2",
+    f"{ACTOR}.ppo_micro_batch_size_per_gpu=4", f"{ACTOR}.optim.lr_warmup_steps=0",
+    "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
+]
+
+
+def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedded_cache, tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out, figures_path = tmp_path / "ablation", tmp_path / "figures.json"
+    args = ["--quick", "--seeds", "1", "--jobs", "2", "--out", str(out), "--json", str(figures_path),
+            f"embedded.cache_dir={embedded_cache}", *TINY]
+    assert ablation.main(args) == 0
+    printed = capsys.readouterr().out
+
+    figures = json.loads(figures_path.read_text())
+    assert [r["name"] for r in figures["rows"]] == [name for name, _ in ablation.rows()]
+    for row in figures["rows"]:
+        assert {"name", "val_acc_mean", "val_acc_std", "final_entropy", "steps_to_target"} <= set(row)
+        assert 0.0 <= row["val_acc_mean"] <= 1.0 and row["final_entropy"] > 0
+    report = (out / "report.md").read_text()
+    assert report.count("\n| ") == 8  # header, rule, six rows
+    for name in ("accuracy", "entropy", "response_length"):
+        assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"plots/{name}.png" in report
+    assert "+ dynamic sampling (DAPO)" in printed
+
+    # each run trained with its row's settings: the naive rows generate one train batch per step and never shape
+    # the reward; soft punishment rows can; only the DAPO row runs the group filter
+    def records(name):
+        from recipe.embedded.monitor import read_metrics
+
+        return [r for r in read_metrics(out / ablation.slug(name) / "seed0") if r["step"] > 0]
+
+    for name, row in ablation.rows():
+        steps = records(name)
+        assert [r["step"] for r in steps] == [1, 2]
+        filtered = row["algorithm.filter_groups.enable"]
+        assert all(("dapo/kept_group_frac" in r) == filtered for r in steps), name
+        if not filtered:
+            assert all(r["dapo/generated_prompts"] == 4 for r in steps)
+        if not row["reward.reward_kwargs.overlong_buffer_cfg.enable"]:
+            assert all(r["dapo/overlong_penalty/mean"] == 0 for r in steps)
+
+    # a second call reuses the finished runs and rebuilds the same report
+    assert ablation.main(args) == 0
+    assert "reusing 6 finished run(s)" in capsys.readouterr().out
+    assert json.loads(figures_path.read_text())["rows"] == figures["rows"]
+
+
+def test_a_misspelt_override_fails_before_anything_runs(tmp_path, capsys):
+    assert ablation.main(["--out", str(tmp_path / "out"), "trainer.total_trainig_steps=3"]) == 2
+    assert "total_trainig_steps" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_print_commands_gives_a_dapo_train_line_per_run(capsys, tmp_path):
+    assert ablation.main(["--print-commands", "--seeds", "2", "--out", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
+    assert len(lines) == 12
+    assert "dapo.overlong_filter=false" in lines[0] and "embedded.seed=1" in lines[1]
+    assert "algorithm.filter_groups.enable=true" in lines[-1]
