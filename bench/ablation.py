@@ -35,8 +35,10 @@ The target (``--target``) defaults to the start accuracy plus 0.8 x the best row
 less the start), a level the best row reaches late in the budget, so that the steps to reach it tell rows apart.
 
 Run: python -m bench.ablation [--quick] [--seeds N] [--jobs N] [--json PATH] [--out DIR] [key=value ...]
-Default: 3 seeds x 6 rows of 40 steps (configs/ablation.yaml), 2 runs at a time with one torch thread each: about
-40 minutes on 2 cores, plus a one-time warm-up of the start model (about 5 minutes) when it is not cached. ``--quick``: 2 seeds, 8 steps, validation on 64 problems every 4 steps, a few minutes.
+Default: 3 seeds x 6 rows of 40 steps (configs/ablation.yaml), 2 runs at a time with one torch thread each: 21
+minutes on 2 cores as measured (2 to 4 minutes a run, depending on the machine's load), including a one-time
+warm-up of the start model (2 to 5 minutes) when it is not cached. ``--quick``: 2 seeds, 8 steps, validation on 64
+problems every 4 steps, about 3 minutes.
 ``key=value`` overrides (verl's names) apply to every run, after the row's own.
 """
 
@@ -345,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (verl's names)")
-    p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: a few minutes")
+    p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: about 3 minutes")
     p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 3; --quick 2)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at a time (one torch thread each)")
     p.add_argument("--out", type=Path, default=Path("bench/results/ablation"), help="run directories and report")
