@@ -53,6 +53,20 @@ def tiny_run(embedded_cache, tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def tiny_start_weights(tiny_run):
+    """The warmed-up model a ``tiny_run`` starts from, found in the cache by its settings (as the engine finds it),
+    whatever other warm-ups the session's cache holds."""
+    from safetensors.torch import load_file
+
+    from recipe.cli import compose
+    from recipe.embedded.config import read_config
+    from recipe.embedded.warmup import warm_model
+
+    c = read_config(compose(tiny_run()))
+    return load_file(warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device="cpu") / "model.safetensors")
+
+
+@pytest.fixture
 def aime_parquet() -> Path:
     if not AIME_PARQUET.is_file():
         pytest.skip(f"{AIME_PARQUET} not present (the shared data folder sits beside the repository)")

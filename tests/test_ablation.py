@@ -127,13 +127,12 @@ TINY = [  # a run of seconds: 1-digit operands (one column), the tiny model warm
 ]
 
 
-def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(tmp_path, capsys, monkeypatch):
-    # its own cache: the worked-addition warm-up must not sit beside the session's shared tiny warm-up, which
-    # other tests read back as the one warm-up in that cache
+def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedded_cache, tmp_path, capsys,
+                                                                          monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     out, figures_path = tmp_path / "ablation", tmp_path / "figures.json"
     args = ["--quick", "--seeds", "1", "--jobs", "2", "--out", str(out), "--json", str(figures_path),
-            f"embedded.cache_dir={tmp_path / 'cache'}", *TINY]
+            f"embedded.cache_dir={embedded_cache}", *TINY]
     assert ablation.main(args) == 0
     printed = capsys.readouterr().out
 

@@ -38,11 +38,10 @@ def _step(tiny_run, run_dir, micro: int, loss_agg_mode: str) -> tuple[dict[str, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
-def test_micro_batch_size_does_not_change_the_update(tiny_run, embedded_cache, tmp_path, loss_agg_mode):
+def test_micro_batch_size_does_not_change_the_update(tiny_run, tiny_start_weights, tmp_path, loss_agg_mode):
     per_response, metrics_1 = _step(tiny_run, tmp_path / "micro1", 1, loss_agg_mode)
     whole, metrics_8 = _step(tiny_run, tmp_path / "micro8", 8, loss_agg_mode)
-    (warm_dir,) = embedded_cache.glob("embedded/warmup-*")
-    start = load_file(warm_dir / "model.safetensors")
+    start = tiny_start_weights
 
     # the same rollouts were trained on (generation does not depend on the micro-batch size)
     for key in ("critic/score/mean", "response_length/mean", "train/acc/mean"):

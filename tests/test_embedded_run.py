@@ -29,13 +29,8 @@ def _without_timing(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith("timing_s/")}
 
 
-def _warm_model_weights(cache) -> dict[str, torch.Tensor]:
-    (warm_dir,) = cache.glob("embedded/warmup-*")
-    return load_file(warm_dir / "model.safetensors")
-
-
 @pytest.mark.slow
-def test_short_run_trains_every_parameter_and_logs_documented_metrics(tiny_run, embedded_cache, tmp_path):
+def test_short_run_trains_every_parameter_and_logs_documented_metrics(tiny_run, tiny_start_weights, tmp_path):
     run_dir = tmp_path / "run"
     extra = {"trainer.logger": "[console,wandb]", "actor_rollout_ref.actor.optim.weight_decay": 0.0}
     assert cli.main(tiny_run(run_dir, extra)) == 0
@@ -57,7 +52,7 @@ def test_short_run_trains_every_parameter_and_logs_documented_metrics(tiny_run, 
         assert name in logged, name
 
     # every trained parameter moved away from the warmed-up start (weight decay is off: only gradients move them)
-    before = _warm_model_weights(embedded_cache)
+    before = tiny_start_weights
     after = load_file(find_latest(run_dir) / "actor" / "model.safetensors")
     assert before.keys() == after.keys()
     unchanged = [name for name in before if torch.equal(before[name], after[name])]
