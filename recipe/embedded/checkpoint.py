@@ -7,6 +7,11 @@ torch, the data position, the dynamic-sampling ``BatchFiller`` state, the W&B ru
 
 A checkpoint is written to ``global_step_<N>.tmp`` and renamed into place only when complete, and the tracker file
 is replaced atomically after that, so a kill at any moment leaves the previous checkpoint intact and findable.
+``run.json`` records the run the checkpoint belongs to (``recipe.embedded.identity``).
+
+A checkpoint damaged after it was written (a truncated ``trainer_state.pt`` or ``model.safetensors``, a disk that
+filled up, a copy cut short) is found by :func:`damage` before anything is loaded from it; :func:`find_intact` then
+names it and falls back to the newest intact checkpoint.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from __future__ import annotations
 import os
 import random
 import re
+import json
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +48,8 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, max_to_keep: int | None) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, max_to_keep: int | None,
+                    identity: dict | None = None) -> Path:
     """Write ``global_step_<step>`` atomically, point the tracker at it, prune to ``max_to_keep``."""
     final = run_dir / f"global_step_{step}"
     tmp = run_dir / f"global_step_{step}.tmp"
@@ -48,6 +57,10 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, max
     model.save_pretrained(tmp / "actor")
     tokenizer.save_pretrained(tmp / "actor")
     torch.save(state, tmp / STATE_FILE)
+    if identity is not None:
+        from recipe.embedded.identity import write_identity
+
+        write_identity(tmp, identity)
     if final.exists():  # a run restarted with resume_mode=disable overwrites its old checkpoints
         old = run_dir / f"global_step_{step}.old"
         shutil.rmtree(old, ignore_errors=True)
@@ -86,6 +99,69 @@ def find_latest(run_dir: Path) -> Path | None:
             return candidate
     steps = checkpoint_steps(run_dir)
     return run_dir / f"global_step_{max(steps)}" if steps else None
+
+
+def damage(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint's files (``None``: intact), read from their structure, not their content:
+    ``trainer_state.pt`` is a zip archive whose directory sits at its end, a ``.safetensors`` file declares in its
+    header where every tensor ends, so a cut-short file of either kind is found without loading it."""
+    state = checkpoint / STATE_FILE
+    if not state.is_file():
+        return f"{STATE_FILE} is missing"
+    try:
+        with zipfile.ZipFile(state) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError) as err:
+        return f"{state} is damaged ({err})"
+    for weights in sorted((checkpoint / "actor").glob("*.safetensors")):
+        problem = _safetensors_damage(weights)
+        if problem:
+            return f"{weights} is damaged ({problem})"
+    if not any((checkpoint / "actor").glob("*.safetensors")) and not any((checkpoint / "actor").glob("*.bin")):
+        return f"{checkpoint / 'actor'} holds no model weights"
+    return None
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            header_len = struct.unpack("<Q", f.read(8))[0]
+            if 8 + header_len > size:
+                return f"its header claims {header_len} bytes, the file has {size}"
+            header = json.loads(f.read(header_len))
+    except (struct.error, ValueError, UnicodeDecodeError) as err:
+        return f"unreadable header: {err}"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end != size:
+        return f"{size} bytes, its header describes {8 + header_len + end}"
+    return None
+
+
+def find_intact(run_dir: Path, log=print) -> Path | None:
+    """:func:`find_latest`, except that a damaged checkpoint is named and skipped for the newest intact one."""
+    latest = find_latest(run_dir)
+    if latest is None:
+        return None
+    candidates = [latest] + [run_dir / f"global_step_{s}" for s in sorted(checkpoint_steps(run_dir), reverse=True)
+                             if run_dir / f"global_step_{s}" != latest]
+    for candidate in candidates:
+        problem = damage(candidate)
+        if problem is None:
+            if candidate != latest:
+                log(f"resuming from {candidate}, the newest intact checkpoint")
+            return candidate
+        log(f"warning: checkpoint {candidate} is damaged and skipped: {problem}")
+    raise_damaged(run_dir, candidates)
+
+
+def raise_damaged(run_dir: Path, candidates: list[Path]) -> None:
+    from recipe.embedded.config import ConfigError
+
+    raise ConfigError(
+        f"every checkpoint in {run_dir} is damaged ({', '.join(c.name for c in candidates)}); set "
+        "trainer.resume_mode=disable to start over there, or trainer.default_local_dir=<new directory>"
+    )
 
 
 def load_state(checkpoint: Path) -> dict:

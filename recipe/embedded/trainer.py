@@ -46,8 +46,9 @@ from dapo.loss import aggregate_loss, masked_mean, overlong_filter_mask, policy_
 from dapo.metrics import mean_metrics, response_length_metrics
 from dapo.sampling import BatchFiller, keep_groups
 from dapo.shaping import overlong_penalty
-from recipe.embedded import checkpoint
+from recipe.embedded import checkpoint, checks
 from recipe.embedded.config import ConfigError, EngineConfig, read_config
+from recipe.embedded.identity import check_same_run, run_identity
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
 from recipe.embedded.monitor import Monitor, write_plots
 from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate, right_pad, sequence_log_probs
@@ -75,17 +76,22 @@ def run(cfg: DictConfig) -> Path:
     """Train with DAPO as ``cfg`` says; return the run directory (metrics.jsonl, plots/, checkpoints)."""
     c = read_config(cfg)
     # ------------------------------------------------------------------ setup
+    # the cheap checks first: nothing is loaded, built or written before the inputs and the run directory pass
+    run_dir = Path(c.run_dir).resolve()
+    identity = run_identity(cfg)
+    for files, key in ((c.train_files, "data.train_files"), (c.val_files, "data.val_files")):
+        checks.check_data_files(files, key, prompt_key=c.prompt_key, reward_fn_key=c.reward_fn_key)
+    score_fn = _load_score_fn(c)
+    resume_from = _resume_checkpoint(c, run_dir, identity)
+    if resume_from is not None and _finished(c, resume_from):
+        return run_dir
+
     _quiet_libraries()
     if c.num_threads is not None:
         torch.set_num_threads(c.num_threads)
     _seed_everything(c.seed)
-    run_dir = Path(c.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    resume_from = _resume_checkpoint(c, run_dir)
-
     policy = _load_policy(c, resume_from)
     train_set, val_set = _load_data(c, policy.tokenizer)
-    score_fn = _load_score_fn(c)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
     warmup_steps = c.lr_warmup_steps
@@ -109,6 +115,11 @@ def run(cfg: DictConfig) -> Path:
         checkpoint.set_rng_state(state["rng"])
         start_step, wandb_id = int(state["global_step"]), state.get("wandb_id")
         print(f"resumed from {resume_from} (step {start_step})")
+        if start_step >= total_steps and not c.val_only:
+            _finished_message(c, resume_from, start_step, total_steps)
+            return run_dir
+
+    run_dir.mkdir(parents=True, exist_ok=True)
 
     monitor = Monitor(
         run_dir, loggers=c.logger, project=c.project_name, experiment=c.experiment_name,
@@ -123,7 +134,11 @@ def run(cfg: DictConfig) -> Path:
         monitor.log(0, val_metrics)
         monitor.write(_val_summary(0, val_metrics))
     for step in range(start_step + 1, 0 if c.val_only else total_steps + 1):
-        metrics = trainer.step(step)
+        try:
+            metrics = trainer.step(step)
+        except RuntimeError as err:
+            raise trainer.guard.diverged(err, step) from None
+        trainer.guard.end_step(step)
         last = step == total_steps
         if c.test_freq > 0 and (step % c.test_freq == 0 or last):
             with _timer(metrics, "timing_s/testing"):
@@ -137,10 +152,12 @@ def run(cfg: DictConfig) -> Path:
                 "rng": checkpoint.rng_state(), "data": stream.state_dict(),
                 "filler": None if filler is None else filler.state_dict(), "wandb_id": monitor.wandb_id,
             }
-            checkpoint.save_checkpoint(run_dir, step, policy.model, policy.tokenizer, state, c.max_ckpt_to_keep)
+            checkpoint.save_checkpoint(run_dir, step, policy.model, policy.tokenizer, state, c.max_ckpt_to_keep,
+                                       identity=identity)
 
     # ------------------------------------------------------------------ cleanup
     monitor.close()
+    trainer.guard.end_run(0 if c.val_only else total_steps - start_step)
     write_plots(run_dir)
     print(f"run directory: {run_dir}")
     return run_dir
@@ -155,6 +172,7 @@ class _Trainer:
         self.optimizer, self.scheduler, self.filler, self.stream = optimizer, scheduler, filler, stream
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         self.sampling = SamplingParams(True, c.temperature, c.top_p, c.top_k)
+        self.guard = checks.UpdateGuard()  # stops a run whose updates are all skipped
 
     def step(self, step: int) -> dict[str, float]:
         c = self.c
@@ -315,6 +333,7 @@ class _Trainer:
                     record["actor/entropy"] = masked_mean(entropy.detach(), response_mask).item()
                     micro_records.append(record)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)
+                self.guard.record(applied=bool(torch.isfinite(grad_norm)))
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
                 else:
@@ -445,9 +464,9 @@ def _sampling_kwargs(c: EngineConfig) -> dict:
     return {k: v for k, v in c.sampling.items() if v is not None or k == "min_gen_batch_size"}
 
 
-def _resume_checkpoint(c: EngineConfig, run_dir: Path) -> Path | None:
-    """verl's ``trainer.resume_mode``: auto = the latest checkpoint in the run dir if any; disable = start over;
-    resume_path = ``trainer.resume_from_path``."""
+def _resume_checkpoint(c: EngineConfig, run_dir: Path, identity: dict) -> Path | None:
+    """verl's ``trainer.resume_mode``: auto = the latest intact checkpoint in the run dir if any; disable = start
+    over; resume_path = ``trainer.resume_from_path``. A checkpoint of another run is refused (run.json)."""
     if c.resume_mode == "disable":
         return None
     if c.resume_mode == "resume_path":
@@ -456,8 +475,34 @@ def _resume_checkpoint(c: EngineConfig, run_dir: Path) -> Path | None:
             raise ConfigError(
                 f"trainer.resume_from_path={c.resume_from_path!r} is not a checkpoint (a global_step_N directory)"
             )
-        return path
-    return checkpoint.find_latest(run_dir)
+        problem = checkpoint.damage(path)
+        if problem:
+            raise ConfigError(f"trainer.resume_from_path={c.resume_from_path!r}: {problem}; point it at an intact "
+                              "checkpoint")
+    else:
+        path = checkpoint.find_intact(run_dir)
+    if path is not None:
+        check_same_run(path, identity)
+    return path
+
+
+def _finished(c: EngineConfig, resume_from: Path) -> bool:
+    """True (and says so) when the checkpoint is the last step of ``trainer.total_training_steps``; a length given
+    in epochs is known only once the data is read, so that case is told after loading (``run``)."""
+    step = int(resume_from.name.rsplit("_", 1)[1]) if resume_from.name.startswith("global_step_") else None
+    if c.val_only or step is None or c.total_training_steps is None or step < c.total_training_steps:
+        return False
+    _finished_message(c, resume_from, step, c.total_training_steps)
+    return True
+
+
+def _finished_message(c: EngineConfig, resume_from: Path, step: int, total_steps: int) -> None:
+    print(
+        f"this run is complete: {resume_from} is step {step} of trainer.total_training_steps={total_steps}; nothing "
+        f"to train. Its metrics and plots are in {resume_from.parent}. To train further raise "
+        "trainer.total_training_steps; to start a new run set trainer.experiment_name=<new name> (or "
+        "trainer.resume_mode=disable to start over in this directory)"
+    )
 
 
 def _device_and_dtypes(c: EngineConfig) -> tuple[torch.device, torch.dtype, torch.dtype | None]:
@@ -567,11 +612,6 @@ def _load_data(c: EngineConfig, tokenizer) -> tuple[PromptSet, PromptSet]:
 
 
 def _load_score_fn(c: EngineConfig):
-    """``dapo.reward.compute_score``, or verl's ``reward.custom_reward_function.{path,name}`` when set."""
-    if c.reward_path:
-        from verl.utils.import_utils import load_extern_object
-
-        return load_extern_object(c.reward_path, c.reward_name)
-    from dapo.reward import compute_score
-
-    return compute_score
+    """``dapo.reward.compute_score``, or verl's ``reward.custom_reward_function.{path,name}`` when set; probed once,
+    then every score it returns is checked to be finite (``checks.CheckedReward``)."""
+    return checks.load_reward_function(c.reward_path, c.reward_name, c.reward_kwargs, c.train_files)
