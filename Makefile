@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --progress-bar off -c constraints/cpu.txt
 .PHONY: setup train test bench
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints/cpu.txt
+$(VENV)/.installed: pyproject.toml setup.py constraints/cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --progress-bar off -q -U pip
 	$(PIP) -e ".[test]"

@@ -5,7 +5,8 @@
     dapo-train dapo.engine=verl ...              # the verl engine (recipe.dapo.main_dapo.run_dapo)
     dapo-train --config-name dapo_trainer ...    # another config of the configs directory
 
-The configs directory is the repository's ``configs/`` (next to this package), or ``$DAPO_CONFIG_DIR``. Composition
+The configs directory is ``$DAPO_CONFIG_DIR``, else the repository's ``configs/``, else the copy installed with the
+package (``recipe.configs_dir``). Composition
 runs in Hydra's struct mode, so a misspelt key fails at once, with the key named and no traceback.
 """
 
@@ -20,7 +21,9 @@ DEFAULT_CONFIG = "embedded"
 
 
 def config_dir() -> Path:
-    return Path(os.environ.get("DAPO_CONFIG_DIR") or Path(__file__).resolve().parents[1] / "configs").resolve()
+    from recipe.configs_dir import config_dir as find
+
+    return find()
 
 
 def compose(overrides: list[str], config_name: str = DEFAULT_CONFIG):
@@ -107,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"dapo.engine=verl needs recipe.dapo.main_dapo.run_dapo, which cannot be imported ({err}); "
                 "install the project with its verl recipe, or use dapo.engine=embedded"
             )
-        run_dapo(cfg)
+        from recipe.embedded.config import ConfigError
+
+        try:
+            run_dapo(cfg)
+        except ConfigError as err:
+            return _fail(str(err))
         return 0
     return _fail(f"dapo.engine={engine!r} is unknown; use embedded or verl")
 

@@ -207,3 +207,49 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_resumed(tiny_
     assert f"resumed from {run_dir / 'global_step_1'} (step 1)" in out
     assert (run_dir / TRACKER).read_text() == "3"
     assert (run_dir / "global_step_2" / damaged).stat().st_size == os.path.getsize(target) != size // 2
+
+
+# ---------------------------------------------------------------------------------------------------- verl engine
+
+
+def _verl(tmp_path, parquet, extra=()) -> list[str]:
+    """The verl engine's config with local files; the checks run before verl's device set-up and Ray."""
+    return ["--config-name", "dapo_trainer", f"data.train_files={parquet}", f"data.val_files={parquet}",
+            f"trainer.default_local_dir={tmp_path / 'verl-run'}", *extra]
+
+
+def test_verl_engine_checks_data_and_reward_before_ray(tmp_path, capsys):
+    parquet = tmp_path / "train.parquet"
+    pd.DataFrame(_rows()).to_parquet(parquet, index=False)
+    (tmp_path / "text.parquet").write_text("not parquet")
+    err = _error(capsys, _verl(tmp_path, parquet, [f"data.val_files={tmp_path / 'text.parquet'}"]))
+    assert f"data.val_files: {str(tmp_path / 'text.parquet')!r} is not a readable parquet file" in err
+    scorer = _scorer(tmp_path, "def compute_score(*a, **k):\n    return float('inf')\n")
+    err = _error(capsys, _verl(tmp_path, parquet, [f"reward.custom_reward_function.path={scorer}"]))
+    assert f"reward.custom_reward_function ({scorer}:compute_score) returned inf on a probe" in err
+    # the embedded config has no data files: said in one line, not verl's traceback
+    err = _error(capsys, ["dapo.engine=verl"])
+    assert "data.train_files is not set: the verl engine reads prompts from parquet files" in err
+
+
+def test_verl_engine_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from recipe.embedded.identity import run_identity, write_identity
+
+    parquet = tmp_path / "train.parquet"
+    pd.DataFrame(_rows()).to_parquet(parquet, index=False)
+    # a checkpoint as verl 0.9.1 lays it out, with the run.json DAPOTrainer._save_checkpoint adds (lr 1e-6)
+    earlier = cli.compose(_verl(tmp_path, parquet, ["actor_rollout_ref.actor.optim.lr=1e-6"])[2:], "dapo_trainer")
+    step = tmp_path / "verl-run" / "global_step_5"
+    step.mkdir(parents=True)
+    write_identity(step, run_identity(earlier))
+    (tmp_path / "verl-run" / "latest_checkpointed_iteration.txt").write_text("5")
+    before = _snapshot(tmp_path / "verl-run")
+
+    now = _verl(tmp_path, parquet, ["actor_rollout_ref.actor.optim.lr=2e-6"])
+    err = _error(capsys, now)
+    assert f"{step} is a checkpoint of a different run" in err
+    assert "actor_rollout_ref.actor.optim.lr: 1e-06 there, 2e-06 now" in err
+    assert _snapshot(tmp_path / "verl-run") == before
+    assert OmegaConf.select(earlier, "trainer.resume_mode") == "auto"

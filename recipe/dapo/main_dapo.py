@@ -4,7 +4,9 @@ The run, top to bottom:
 
 1. setup: Hydra composes ``configs/dapo_trainer.yaml`` (DAPO's deltas over verl's ``ppo_trainer``) with an
    experiment (``configs/experiment/*.yaml``) and the command line; :func:`check_dapo_config` checks what is
-   DAPO's (errors name the key to set), then verl's own ``validate_config`` checks the rest;
+   DAPO's (errors name the key to set), then verl's own ``validate_config`` checks the rest; :func:`check_inputs`
+   checks the local data files, the custom reward function and the run directory's latest checkpoint (it must be
+   one of this run: ``run.json``) before Ray starts;
 2. training: verl's ``run_ppo`` with verl's V1 ``TaskRunnerV1``, unchanged. It starts Ray (or joins the cluster
    of a ``ray job submit``), the TransferQueue and ``get_trainer_cls(trainer.v1.trainer_mode)``, which is
    :class:`recipe.dapo.trainer.DAPOTrainer` (``trainer_mode=dapo``), and calls its ``fit()``, which is verl's;
@@ -25,10 +27,14 @@ from __future__ import annotations
 import os
 from importlib.metadata import entry_points
 
+import sys
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import recipe.dapo.plugin  # noqa: F401  registers DAPO in this (driver) process; workers load it through verl
+from recipe.configs_dir import config_dir
 
 PLUGIN_MODULE = "recipe.dapo.plugin"
 
@@ -86,6 +92,41 @@ def check_dapo_config(config: DictConfig) -> None:
         )
 
 
+def check_inputs(config: DictConfig) -> None:
+    """The checks the embedded engine makes before its warm-up, made here before Ray starts (``ConfigError``
+    naming the key or file): data files, the custom reward function, the identity of the checkpoint to resume."""
+    from recipe.embedded import checks
+    from recipe.embedded.config import ConfigError
+    from recipe.embedded.identity import check_same_run, run_identity
+
+    def select(key, default=None):
+        value = OmegaConf.select(config, key, default=default)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    prompt_key, reward_fn_key = select("data.prompt_key", "prompt"), select("data.reward_fn_key", "data_source")
+    for key in ("data.train_files", "data.val_files"):
+        files = select(key)
+        if files in (None, "", []):
+            raise ConfigError(
+                f"{key} is not set: the verl engine reads prompts from parquet files in verl's schema (the synthetic "
+                "task of configs/embedded.yaml exists on the embedded engine only); write them with "
+                f"scripts/prepare_data.py and set {key}=<file>"
+            )
+        checks.check_data_files(files, key, prompt_key=prompt_key, reward_fn_key=reward_fn_key)
+    path = select("reward.custom_reward_function.path")
+    if path:
+        checks.load_reward_function(path, select("reward.custom_reward_function.name") or "compute_score",
+                                    select("reward.custom_reward_function.reward_kwargs") or {},
+                                    select("data.train_files"))
+    run_dir = select("trainer.default_local_dir")
+    if select("trainer.resume_mode", "auto") == "auto" and run_dir and "://" not in str(run_dir):
+        tracker = Path(run_dir) / "latest_checkpointed_iteration.txt"  # verl's tracker file
+        if tracker.is_file():
+            latest = Path(run_dir) / f"global_step_{tracker.read_text().strip()}"
+            if latest.is_dir():
+                check_same_run(latest, run_identity(config))
+
+
 def run_dapo(config: DictConfig) -> None:
     """Train with a composed config (the entry point of ``dapo-train dapo.engine=verl`` too)."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -94,16 +135,29 @@ def run_dapo(config: DictConfig) -> None:
     from verl.utils.device import auto_set_device
 
     # ---- setup ----
+    from recipe.embedded.config import ConfigError
+
+    check_inputs(config)
     auto_set_device(config)
-    check_dapo_config(config)
-    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    try:
+        check_dapo_config(config)
+        validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    except (ValueError, AssertionError) as err:  # verl's checks name the key; say it in one line
+        raise ConfigError(f"{err}".strip() or f"verl's validate_config rejected the config ({type(err).__name__})") \
+            from None
     # ---- training and cleanup: verl's V1 task runner; the trainer class comes from trainer.v1.trainer_mode ----
     run_ppo(config, task_runner_class=TaskRunnerV1)
 
 
-@hydra.main(config_path="../../configs", config_name="dapo_trainer", version_base=None)
+@hydra.main(config_path=str(config_dir()), config_name="dapo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    run_dapo(config)
+    from recipe.embedded.config import ConfigError
+
+    try:
+        run_dapo(config)
+    except ConfigError as err:  # bad input: one line naming the fix, no traceback
+        print(f"main_dapo: error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

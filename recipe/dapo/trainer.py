@@ -21,6 +21,8 @@ Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
@@ -98,6 +100,16 @@ class DAPOTrainer(PPOTrainerSync):
             )
         )
         return super()._update_actor(batch, metrics)
+
+    def _save_checkpoint(self):
+        """verl's checkpoint, plus ``run.json``: what run it belongs to, checked by ``main_dapo.check_inputs`` before
+        a later start resumes it."""
+        super()._save_checkpoint()
+        from recipe.embedded.identity import run_identity, write_identity
+
+        step_dir = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        if step_dir.is_dir():
+            write_identity(step_dir, run_identity(self.config))
 
 
 def require_dapo_sampler(config) -> None:
