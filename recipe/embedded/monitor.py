@@ -1,8 +1,11 @@
 """Where the metrics go: ``metrics.jsonl`` in the run directory, W&B (verl's names), a tqdm bar, PNG plots.
 
 W&B is optional and never fatal: with no credentials (``WANDB_API_KEY`` unset and no ``api.wandb.ai`` entry in
-``~/.netrc``) it runs offline and says how to upload afterwards; an explicit ``WANDB_MODE`` is respected; if
-``wandb.init`` or ``wandb.log`` fails, training goes on without W&B after one warning.
+``~/.netrc``) it runs offline and says how to upload afterwards; an explicit ``WANDB_MODE`` is respected. Online,
+the wait is bounded and stated: the server (``WANDB_BASE_URL``, default ``https://api.wandb.ai``) must accept a
+connection within :data:`WANDB_CONNECT_TIMEOUT_S` seconds and ``wandb.init`` finish within
+:data:`WANDB_INIT_TIMEOUT_S`; otherwise the run logs offline (``wandb sync`` uploads it later). If that fails too,
+or ``wandb.log`` fails, training goes on without W&B after one warning.
 """
 
 from __future__ import annotations
@@ -12,17 +15,27 @@ import logging
 import math
 import netrc
 import os
+import socket
+import threading
 import uuid
+from urllib.parse import urlparse
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-PLOTS = {  # file name -> (title, metric names drawn)
-    "reward_accuracy.png": ("reward and accuracy", ("critic/score/mean", "train/acc/mean", "val-core/*")),
-    "entropy.png": ("policy entropy", ("actor/entropy",)),
-    "response_length.png": ("response length (tokens)", ("response_length/mean", "response_length/max")),
-    "kept_group_frac.png": ("dynamic sampling: kept-group fraction", ("dapo/kept_group_frac",)),
+WANDB_CONNECT_TIMEOUT_S = 10  # name lookup + TCP connection to the W&B server
+WANDB_INIT_TIMEOUT_S = 30  # wandb.init online, once the server answered
+PLOTS = {  # file name -> (title, [(y-axis label, metric names drawn), ...]: one panel each, sharing the step axis)
+    "reward_accuracy.png": ("reward and accuracy", [
+        ("score, -1 wrong / +1 right (-1 to 1)", ("critic/score/mean",)),
+        ("accuracy, fraction right (0 to 1)", ("train/acc/mean", "val-core/*")),
+    ]),
+    "entropy.png": ("policy entropy", [("entropy (nats per token)", ("actor/entropy",))]),
+    "response_length.png": ("response length", [("length (tokens)", ("response_length/mean", "response_length/max"))]),
+    "kept_group_frac.png": ("dynamic sampling: kept-group fraction", [
+        ("kept groups / generated groups (0 to 1)", ("dapo/kept_group_frac",)),
+    ]),
 }
 
 
@@ -33,6 +46,26 @@ def _has_wandb_credentials() -> bool:
         return netrc.netrc().authenticators("api.wandb.ai") is not None
     except (FileNotFoundError, netrc.NetrcParseError, OSError):
         return False
+
+
+def _wandb_unreachable(timeout: float) -> str | None:
+    """Why the W&B server cannot be reached within ``timeout`` seconds (``None``: it accepted a connection). The
+    lookup and the connection run in a thread, since a name lookup does not honour socket timeouts."""
+    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((url.hostname, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(f"{type(err).__name__}: {err}")
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -67,15 +100,31 @@ class Monitor:
             import wandb
 
             offline = not _has_wandb_credentials() and "WANDB_MODE" not in os.environ
+            why_offline = "no credentials found" if offline else None
+            online = not offline and os.environ.get("WANDB_MODE", "online") == "online"
+            url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+            if online:
+                print(f"W&B: connecting to {url} (at most {WANDB_CONNECT_TIMEOUT_S} s, then "
+                      f"{WANDB_INIT_TIMEOUT_S} s to start the run; offline after that)")
+                problem = _wandb_unreachable(WANDB_CONNECT_TIMEOUT_S)
+                if problem:
+                    offline, why_offline = True, f"{url} unreachable: {problem}"
             if self.wandb_id is None:
                 self.wandb_id = uuid.uuid4().hex[:12]
-            self._wandb = wandb.init(
-                project=project, name=experiment, id=self.wandb_id, resume="allow", dir=str(self.run_dir),
-                config=config, mode="offline" if offline else None, settings=wandb.Settings(init_timeout=60),
-            )
+            kwargs = dict(project=project, name=experiment, id=self.wandb_id, resume="allow", dir=str(self.run_dir),
+                          config=config)
+            try:
+                self._wandb = wandb.init(**kwargs, mode="offline" if offline else None,
+                                         settings=wandb.Settings(init_timeout=WANDB_INIT_TIMEOUT_S))
+            except Exception as err:  # noqa: BLE001 - an online start that failed: offline instead
+                if offline:
+                    raise
+                offline, why_offline = True, f"wandb.init failed online: {type(err).__name__}: {err}"
+                self._wandb = wandb.init(**kwargs, mode="offline")
             self.wandb_dir = Path(self._wandb.dir).parent
             if offline or os.environ.get("WANDB_MODE") == "offline":
-                print(f"W&B is offline (no credentials found); upload the run later with: wandb sync {self.wandb_dir}")
+                print(f"W&B is offline ({why_offline or 'WANDB_MODE=offline'}); upload the run later with: "
+                      f"wandb sync {self.wandb_dir}")
         except Exception as err:  # noqa: BLE001 - an unreachable W&B must never stop training
             logger.warning("W&B disabled, training goes on without it: %s", err)
             print(f"warning: W&B disabled ({type(err).__name__}: {err}); metrics still go to {self.path}")
@@ -121,8 +170,9 @@ def _plain(value):
     return None if math.isnan(value) else value
 
 
-def write_plots(run_dir: Path) -> list[Path]:
-    """One PNG per entry of ``PLOTS`` under ``run_dir/plots`` from the full ``metrics.jsonl`` history."""
+def write_plots(run_dir: Path, keep_figures: bool = False):
+    """One PNG per entry of ``PLOTS`` under ``run_dir/plots`` from the full ``metrics.jsonl`` history: the paths, or
+    with ``keep_figures`` ``{path: matplotlib figure}`` (left open, for inspection)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,26 +181,31 @@ def write_plots(run_dir: Path) -> list[Path]:
     records = read_metrics(run_dir)
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)
-    written = []
-    for file_name, (title, patterns) in PLOTS.items():
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        names = sorted({k for r in records for k in r if any(_matches(k, p) for p in patterns)})
-        for name in names:
-            points = [(r["step"], r[name]) for r in records if r.get(name) is not None]
-            if points:
-                steps, values = zip(*points)
-                ax.plot(steps, values, marker="o" if name.startswith("val") else None, markersize=3, label=name)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if names:
-            ax.legend(fontsize=7)
+    written = {}
+    for file_name, (title, panels) in PLOTS.items():
+        fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.2 + 1.8 * len(panels)), sharex=True, squeeze=False)
+        for ax, (ylabel, patterns) in zip(axes[:, 0], panels):
+            names = sorted({k for r in records for k in r if any(_matches(k, p) for p in patterns)})
+            for name in names:
+                points = [(r["step"], r[name]) for r in records if r.get(name) is not None]
+                if points:
+                    steps, values = zip(*points)
+                    ax.plot(steps, values, marker="o" if name.startswith("val") else None, markersize=3, label=name)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+            if names:
+                ax.legend(fontsize=7)
+        axes[0, 0].set_title(title)
         fig.tight_layout()
         path = out_dir / file_name
         fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
+        if keep_figures:
+            written[path] = fig
+        else:
+            plt.close(fig)
+            written[path] = None
+    return written if keep_figures else list(written)
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -1,0 +1,56 @@
+"""W&B online but unreachable: a bounded, stated wait, then offline logging (no real address is contacted: the
+server is a closed port on 127.0.0.1); and plots with labelled axes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from recipe.embedded.monitor import WANDB_CONNECT_TIMEOUT_S, Monitor, write_plots
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # bound and released: nothing listens there afterwards
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_unreachable_wandb_falls_back_to_offline_within_the_stated_wait(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # credentials present: the online path
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    start = time.perf_counter()
+    monitor = Monitor(tmp_path, loggers=["wandb"], project="p", experiment="e", config={}, start_step=0,
+                      total_steps=1, progress_bar=False, wandb_id=None)
+    elapsed = time.perf_counter() - start
+    monitor.log(1, {"critic/score/mean": 0.5})
+    monitor.close()
+    out = capsys.readouterr().out
+    assert f"(at most {WANDB_CONNECT_TIMEOUT_S} s" in out
+    assert "W&B is offline (http://127.0.0.1:" in out and "unreachable: ConnectionRefusedError" in out
+    assert monitor.wandb_dir is not None and monitor.wandb_dir.name.startswith("offline-run-")
+    assert elapsed < WANDB_CONNECT_TIMEOUT_S + 30  # a refused connection is immediate; wandb's offline start is not
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["critic/score/mean"] == 0.5
+
+
+def test_plots_label_both_axes_and_keep_score_and_accuracy_apart(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    records = [{"step": s, "critic/score/mean": -0.5 + 0.1 * s, "train/acc/mean": 0.2 + 0.05 * s,
+                "val-core/x/acc/mean@4": 0.3, "actor/entropy": 0.4, "response_length/mean": 4.0,
+                "response_length/max": 6.0, "dapo/kept_group_frac": 0.8} for s in range(1, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    figures = {p.name: f for p, f in write_plots(tmp_path, keep_figures=True).items()}
+    for path, fig in figures.items():
+        for ax in fig.axes:
+            assert ax.get_xlabel() == "step" and ax.get_ylabel(), (path, ax.get_title())
+    (score_ax, acc_ax) = figures["reward_accuracy.png"].axes
+    assert {line.get_label() for line in score_ax.lines} == {"critic/score/mean"}
+    assert {line.get_label() for line in acc_ax.lines} == {"train/acc/mean", "val-core/x/acc/mean@4"}
+    assert "(-1 to 1)" in score_ax.get_ylabel() and "(0 to 1)" in acc_ax.get_ylabel()
