@@ -10,14 +10,20 @@ PIP := $(PY) -m pip install --progress-bar off -c constraints/cpu.txt
 .PHONY: setup train test bench
 setup: $(VENV)/.installed
 
+# quiet: one line per phase; pip's full output goes to $(VENV)/install.log (shown when a phase fails)
 $(VENV)/.installed: pyproject.toml setup.py constraints/cpu.txt
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --progress-bar off -q -U pip
-	$(PIP) -e ".[test]"
-	touch $@
+	@echo "setup 1/3: python venv in $(VENV)"
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "setup 2/3: pip upgrade"
+	@$(PY) -m pip install --progress-bar off -q -U pip > $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@echo "setup 3/3: dapo-verl (editable) and its dependencies, CPU torch from constraints/cpu.txt; log: $(VENV)/install.log"
+	@$(PIP) -e ".[test]" >> $(VENV)/install.log 2>&1 || (tail -40 $(VENV)/install.log; exit 1)
+	@touch $@
+	@echo "setup done: $(VENV)/bin/dapo-train runs the trainer (or: source $(VENV)/bin/activate; dapo-train)"
 
 train: setup
-	$(VENV)/bin/dapo-train $(ARGS)
+	@echo "train: $(VENV)/bin/dapo-train $(ARGS)"
+	@$(VENV)/bin/dapo-train $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)

@@ -54,3 +54,14 @@ def test_plots_label_both_axes_and_keep_score_and_accuracy_apart(tmp_path):
     assert {line.get_label() for line in score_ax.lines} == {"critic/score/mean"}
     assert {line.get_label() for line in acc_ax.lines} == {"train/acc/mean", "val-core/x/acc/mean@4"}
     assert "(-1 to 1)" in score_ax.get_ylabel() and "(0 to 1)" in acc_ax.get_ylabel()
+
+
+@pytest.mark.slow
+def test_warm_up_shows_a_progress_bar(tmp_path, capsys):
+    from recipe.embedded.warmup import warm_model
+
+    warm_model(str(tmp_path), {"digits": 1, "val_size": 16}, {}, {"steps": 3, "batch_size": 4}, device="cpu",
+               progress_bar=True)
+    captured = capsys.readouterr()
+    assert "warm-up: 3 supervised steps" in captured.out and "warm-up: done" in captured.out
+    assert "warm-up: 100%" in captured.err and "3/3" in captured.err

@@ -537,7 +537,7 @@ def _load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
     elif c.model_path is not None:
         model_dir, tokenizer_dir = c.model_path, c.tokenizer_path or c.model_path
     else:
-        model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=device)
+        model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=device, progress_bar=c.progress_bar)
         tokenizer_dir = model_dir
     try:
         tokenizer = load_tokenizer(tokenizer_dir, c.trust_remote_code)

@@ -85,8 +85,10 @@ def task_files(cache_dir: str, task: dict) -> Path:
     return _build_atomically(Path(cache_dir) / "embedded" / f"task-{_digest([_CACHE_VERSION, task])}", build)
 
 
-def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device, log=print) -> Path:
-    """The warmed-up tiny model (Hugging Face format, with its tokenizer); built once per settings, then cached."""
+def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device, log=print,
+               progress_bar: bool = True) -> Path:
+    """The warmed-up tiny model (Hugging Face format, with its tokenizer); built once per settings, then cached.
+    ``progress_bar``: a tqdm bar over the warm-up steps while it is built (``embedded.progress_bar``)."""
     task_dir = task_files(cache_dir, task)
     model = _settings(model, MODEL_DEFAULTS, "embedded.model")
     warmup = _settings(warmup, WARMUP_DEFAULTS, "embedded.warmup")
@@ -107,7 +109,8 @@ def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device,
         with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
             torch.manual_seed(int(warmup["seed"]))
             policy = build_model(tokenizer, **model).to(device)
-            loss = supervised_warmup(policy, tokenizer, task_dir / "train.parquet", **warmup)
+            loss = supervised_warmup(policy, tokenizer, task_dir / "train.parquet", **warmup,
+                                     progress_bar=progress_bar)
         policy.save_pretrained(out)
         tokenizer.save_pretrained(out)
         seconds = time.perf_counter() - start
@@ -118,7 +121,8 @@ def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device,
 
 
 def supervised_warmup(
-    model, tokenizer, train_file: Path, *, steps: int, batch_size: int, lr: float, seed: int
+    model, tokenizer, train_file: Path, *, steps: int, batch_size: int, lr: float, seed: int,
+    progress_bar: bool = False,
 ) -> float:
     """Teacher-forced cross-entropy on the task's solution (``Answer: <ground truth>``, or the worked solution of
     ``addition_steps``) followed by EOS, for random train prompts; the last loss."""
@@ -136,7 +140,9 @@ def supervised_warmup(
     generator = torch.Generator().manual_seed(seed)
     model.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(steps):
+    from tqdm import tqdm
+
+    for _ in tqdm(range(steps), desc="warm-up", unit="step", disable=not progress_bar, dynamic_ncols=True):
         idx = torch.randint(len(prompts), (batch_size,), generator=generator).tolist()
         width = max(len(targets[i]) for i in idx)
         response = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)  # [B, T]
