@@ -170,6 +170,16 @@ def test_resuming_a_different_run_is_refused_and_a_finished_run_says_so(tiny_run
     for fix in ("trainer.experiment_name=", "trainer.default_local_dir=", "trainer.resume_mode=disable"):
         assert fix in err
     assert _snapshot(run_dir) == before
+    # the same data path rewritten with other rows is other data too
+    pd.DataFrame(_rows()[:30]).to_parquet(rows, index=False)
+    assert cli.main(tiny_run(run_dir, {**changed, "trainer.resume_mode": "disable"})) == 0
+    capsys.readouterr()
+    pd.DataFrame(_rows()[:20]).to_parquet(rows, index=False)
+    err = _error(capsys, tiny_run(run_dir, changed))
+    assert "data.train_files (rows): [30] there, [20] now" in err
+    assert cli.main(tiny_run(run_dir, {**extra, "trainer.resume_mode": "disable"})) == 0  # the first run again
+    capsys.readouterr()
+    before = _snapshot(run_dir)
 
     # the same command again: the run is complete, exit 0, nothing trained, no progress bar, nothing written
     assert cli.main(tiny_run(run_dir, {**extra, "embedded.progress_bar": True})) == 0
@@ -181,7 +191,6 @@ def test_resuming_a_different_run_is_refused_and_a_finished_run_says_so(tiny_run
     # a longer run of the same identity resumes it; so does resume_mode=disable with the changed settings start over
     assert cli.main(tiny_run(run_dir, {**extra, "trainer.total_training_steps": 2})) == 0
     assert f"resumed from {run_dir / 'global_step_1'} (step 1)" in capsys.readouterr().out
-    assert cli.main(tiny_run(run_dir, {**changed, "trainer.resume_mode": "disable"})) == 0
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
@@ -253,3 +262,19 @@ def test_verl_engine_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     assert "actor_rollout_ref.actor.optim.lr: 1e-06 there, 2e-06 now" in err
     assert _snapshot(tmp_path / "verl-run") == before
     assert OmegaConf.select(earlier, "trainer.resume_mode") == "auto"
+
+
+@pytest.mark.slow
+def test_main_dapo_says_a_bad_input_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    missing = tmp_path / "nowhere.parquet"
+    result = subprocess.run([sys.executable, "-m", "recipe.dapo.main_dapo", f"data.train_files={missing}"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"main_dapo: error: data.train_files: no such file {str(missing)!r}; set data.train_files to an existing "
+        "parquet file in verl's schema: data_source, prompt[{role, content}], ability, reward_model{ground_truth, "
+        "style}, extra_info (scripts/prepare_data.py writes it)")
+    assert "Traceback" not in result.stderr and result.stderr.count("error:") == 1

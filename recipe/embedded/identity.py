@@ -2,8 +2,8 @@
 
 A checkpoint records its run's identity (``run.json`` beside ``trainer_state.pt``): the model it started from
 (``actor_rollout_ref.model.path``, or the settings that build the embedded tiny model: ``embedded.task``,
-``embedded.model``, ``embedded.warmup``), the data files, and every setting that changes what a step computes
-(:data:`TRAINING_KEYS`, verl's names). Settings that only change how long, how often or where a run reports
+``embedded.model``, ``embedded.warmup``), the data files (paths, row counts), every setting that changes what a
+step computes (:data:`TRAINING_KEYS`, verl's names). Settings that only change how long, how often or where a run reports
 (``trainer.total_training_steps``, ``trainer.test_freq``, ``trainer.logger``, micro-batch sizes, threads) are not
 part of it, so a finished run can be extended and a resumed one watched differently.
 
@@ -62,6 +62,18 @@ def _files(value) -> list[str] | None:
     return [_local_path(str(f)) for f in ([value] if isinstance(value, str) else value)]
 
 
+def _parquet_rows(path: str) -> int | None:
+    """The row count a parquet file's footer declares (``None``: not a local parquet file)."""
+    if "://" in path or not path.endswith((".parquet", ".pq")) or not os.path.isfile(path):
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the data checks, with its key
+        return None
+
+
 def run_identity(cfg: DictConfig) -> dict:
     """``{verl key: value}`` of what this run is: model, data files, the settings of :data:`TRAINING_KEYS`."""
     select = lambda key: _plain(OmegaConf.select(cfg, key, default=None, throw_on_missing=False))  # noqa: E731
@@ -72,6 +84,8 @@ def run_identity(cfg: DictConfig) -> dict:
         identity.update({key: select(key) for key in TINY_MODEL_KEYS})
     for key in DATA_KEYS:
         identity[key] = _files(select(key))
+        if identity[key]:  # a file rewritten in place with other rows is other data
+            identity[f"{key} (rows)"] = [_parquet_rows(path) for path in identity[key]]
     if identity["data.train_files"] is None or identity["data.val_files"] is None:  # the embedded task's files
         identity["embedded.task"] = select("embedded.task")
     identity.update({key: select(key) for key in TRAINING_KEYS})
