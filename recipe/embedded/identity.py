@@ -3,9 +3,9 @@
 A checkpoint records its run's identity (``run.json`` beside ``trainer_state.pt``): the model it started from
 (``actor_rollout_ref.model.path``, or the settings that build the embedded tiny model: ``embedded.task``,
 ``embedded.model``, ``embedded.warmup``), the data files (paths, row counts), every setting that changes what a
-step computes (:data:`TRAINING_KEYS`, verl's names). Settings that only change how long, how often or where a run reports
-(``trainer.total_training_steps``, ``trainer.test_freq``, ``trainer.logger``, micro-batch sizes, threads) are not
-part of it, so a finished run can be extended and a resumed one watched differently.
+step computes (:data:`TRAINING_KEYS`, verl's names). Settings that only change how long, how often or where a run
+reports (``trainer.total_training_steps``, ``trainer.test_freq``, ``trainer.logger``, micro-batch sizes, threads)
+are not part of it, so a finished run can be extended and a resumed one watched differently.
 
 Resuming into a checkpoint whose identity differs is refused before any model is loaded, naming the keys that
 differ and the three ways out (a new ``trainer.experiment_name``, another ``trainer.default_local_dir``, or
