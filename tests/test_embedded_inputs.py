@@ -278,3 +278,21 @@ def test_main_dapo_says_a_bad_input_in_one_line(tmp_path):
         "parquet file in verl's schema: data_source, prompt[{role, content}], ability, reward_model{ground_truth, "
         "style}, extra_info (scripts/prepare_data.py writes it)")
     assert "Traceback" not in result.stderr and result.stderr.count("error:") == 1
+
+
+def test_identity_differences_name_each_changed_key(tmp_path, capsys):
+    from recipe.embedded.identity import check_same_run, differences, write_identity
+
+    recorded = {"data.train_files": ["/d/a.parquet"], "data.train_files (rows)": [100], "optim.lr": 1e-4}
+    assert differences(recorded, dict(recorded)) == []
+    assert differences(recorded, {**recorded, "optim.lr": 2e-4}) == ["optim.lr: 0.0001 there, 0.0002 now"]
+    # a row count one side could not read (the file is local to another node) is not a difference; a path is
+    assert differences(recorded, {**recorded, "data.train_files (rows)": [None]}) == []
+    assert differences(recorded, {**recorded, "data.train_files": ["/d/b.parquet"], "data.train_files (rows)": [None]}) \
+        == ['data.train_files: ["/d/a.parquet"] there, ["/d/b.parquet"] now']
+    # a checkpoint from before identities were recorded is resumed, with a warning
+    check_same_run(tmp_path, recorded)
+    assert "records no run identity" in capsys.readouterr().out
+    write_identity(tmp_path, recorded)
+    with pytest.raises(ConfigError, match="is a checkpoint of a different run \\(optim.lr: 0.0001 there, 0.001 now\\)"):
+        check_same_run(tmp_path, {**recorded, "optim.lr": 1e-3})
