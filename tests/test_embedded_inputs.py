@@ -288,8 +288,8 @@ def test_identity_differences_name_each_changed_key(tmp_path, capsys):
     assert differences(recorded, {**recorded, "optim.lr": 2e-4}) == ["optim.lr: 0.0001 there, 0.0002 now"]
     # a row count one side could not read (the file is local to another node) is not a difference; a path is
     assert differences(recorded, {**recorded, "data.train_files (rows)": [None]}) == []
-    assert differences(recorded, {**recorded, "data.train_files": ["/d/b.parquet"], "data.train_files (rows)": [None]}) \
-        == ['data.train_files: ["/d/a.parquet"] there, ["/d/b.parquet"] now']
+    moved = {**recorded, "data.train_files": ["/d/b.parquet"], "data.train_files (rows)": [None]}
+    assert differences(recorded, moved) == ['data.train_files: ["/d/a.parquet"] there, ["/d/b.parquet"] now']
     # a checkpoint from before identities were recorded is resumed, with a warning
     check_same_run(tmp_path, recorded)
     assert "records no run identity" in capsys.readouterr().out
