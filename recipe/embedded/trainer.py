@@ -26,6 +26,9 @@ Deviations from verl, deliberate:
    logged already). Validation draws from its own seeded RNG, so it never shifts the training RNG stream.
 3. The LR schedule is verl's ``constant`` with linear warm-up stepped once per rollout step; like verl, step 0 of a
    warm-up runs at lr 0.
+4. Resuming (``trainer.resume_mode=auto``) takes the newest *intact* checkpoint of *this* run: one recorded by
+   another run (``run.json``, ``recipe.embedded.identity``) is refused, a damaged one is named and skipped, and a
+   complete run says so and exits. verl resumes whatever its tracker names.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from dapo.sampling import BatchFiller, keep_groups
 from dapo.shaping import overlong_penalty
 from recipe.embedded import checkpoint, checks
 from recipe.embedded.config import ConfigError, EngineConfig, read_config
-from recipe.embedded.identity import check_same_run, run_identity
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
+from recipe.embedded.identity import check_same_run, run_identity
 from recipe.embedded.monitor import Monitor, write_plots
 from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate, right_pad, sequence_log_probs
 from recipe.embedded.warmup import task_files, warm_model
