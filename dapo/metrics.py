@@ -52,6 +52,9 @@ METRIC_DOCS: dict[str, str] = {
     "dapo/generated_per_trained": "responses generated per trained response; 1 is the floor, lower is cheaper",
     # timing
     "timing_s/gen": "seconds spent generating this step (all rounds)",
+    "timing_s/reward": "seconds scoring responses this step (all rounds; part of timing_s/gen)",
+    "timing_s/old_log_prob": "seconds recomputing old log-probs this step (all rounds; part of timing_s/gen; 0 with "
+    "algorithm.rollout_correction.bypass_mode=true)",
     "timing_s/update_actor": "seconds spent in the policy update this step",
     "timing_s/step": "seconds for the whole step",
     "timing_s/testing": "seconds spent in validation (steps where it runs)",

@@ -53,6 +53,7 @@ class EngineConfig:
     val_do_sample: bool
     max_num_seqs: int
     log_prob_micro_batch_size: int  # responses
+    bypass_mode: bool  # old log-probs from the sampling pass, no recomputation (algorithm.rollout_correction)
     # actor
     clip_ratio_low: float
     clip_ratio_high: float
@@ -252,6 +253,7 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         val_do_sample=val_do_sample,
         max_num_seqs=_positive(f"{rollout}.max_num_seqs", _get(cfg, f"{rollout}.max_num_seqs", 1024)),
         log_prob_micro_batch_size=_positive(f"{rollout}.log_prob_micro_batch_size_per_gpu", log_prob_micro),
+        bypass_mode=bool(_get(cfg, "algorithm.rollout_correction.bypass_mode", False)),
         clip_ratio_low=float(_get(cfg, f"{actor}.clip_ratio_low", 0.2)),
         clip_ratio_high=float(_get(cfg, f"{actor}.clip_ratio_high", 0.28)),
         clip_ratio_c=float(_get(cfg, f"{actor}.clip_ratio_c", 3.0)),

@@ -54,7 +54,8 @@ from recipe.embedded.config import ConfigError, EngineConfig, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
 from recipe.embedded.identity import check_same_run, run_identity
 from recipe.embedded.monitor import Monitor, write_plots
-from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate, right_pad, sequence_log_probs
+from recipe.embedded.decode import batched_shared_log_probs, sample, shared_prompt_log_probs
+from recipe.embedded.rollout import SamplingParams, right_pad
 from recipe.embedded.warmup import task_files, warm_model
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,9 @@ def run(cfg: DictConfig) -> Path:
     policy = _load_policy(c, resume_from)
     train_set, val_set = _load_data(c, policy.tokenizer)
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+    optimizer = torch.optim.AdamW(  # fused: one kernel for every parameter (CPU and CUDA), not a Python loop
+        params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, fused=True
+    )
     warmup_steps = c.lr_warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(  # verl's get_constant_schedule_with_warmup
         optimizer, lambda s: s / max(1, warmup_steps) if s < warmup_steps else 1.0
@@ -180,9 +183,11 @@ class _Trainer:
     def step(self, step: int) -> dict[str, float]:
         c = self.c
         metrics: dict[str, float] = {}
+        self.timing = {"timing_s/reward": 0.0, "timing_s/old_log_prob": 0.0}  # summed over the step's rounds
         with _timer(metrics, "timing_s/step"):
             with _timer(metrics, "timing_s/gen"):
                 groups, sampling_metrics, generated_acc = self.collect(step)
+            metrics.update(self.timing)
             metrics.update(sampling_metrics)
             metrics["train/acc/mean"] = generated_acc
             batch = _collate(groups, self.policy.pad_id)
@@ -241,15 +246,16 @@ class _Trainer:
         c, policy = self.c, self.policy
         prompts = [self.data.prompt_ids[i] for i in indices]
         with policy.autocast():
-            response_ids, response_mask = generate(
+            response_ids, response_mask, rollout_log_prob = sample(
                 policy.model, prompts, n=c.n, params=self.sampling, max_new_tokens=c.max_response_length,
                 eos_ids=policy.eos_ids, pad_id=policy.pad_id, max_num_seqs=c.max_num_seqs,
-            )  # [B*G, T]
+            )  # [B*G, T] each
         sources = [self.data.data_sources[i] for i in indices for _ in range(c.n)]
         truths = [self.data.ground_truths[i] for i in indices for _ in range(c.n)]
         extras = [self.data.extra_infos[i] for i in indices for _ in range(c.n)]
-        scored = _score(self.score_fn, policy.tokenizer, response_ids, response_mask, sources, truths, extras,
-                        c.reward_kwargs)
+        with _timer(self.timing, "timing_s/reward", add=True):
+            scored = _score(self.score_fn, policy.tokenizer, response_ids, response_mask, sources, truths, extras,
+                            c.reward_kwargs)
         truncated = truncated_responses(response_ids, response_mask, policy.eos_ids)  # [B*G]
         penalty = torch.zeros(len(truths))  # [B*G]
         if c.overlong_buffer:  # [DAPO 4] soft overlong punishment (paper Eq. 13)
@@ -263,11 +269,10 @@ class _Trainer:
 
         kept = torch.ones(len(indices), dtype=torch.bool) if keep_all else keep_groups(filter_values)  # [B]
         rows = (kept.repeat_interleave(c.n)).nonzero().flatten()  # responses of kept groups
-        old_log_prob = torch.zeros(response_ids.shape, dtype=torch.float64 if policy.model.dtype == torch.float64
-                                   else torch.float32)  # [B*G, T]
-        if len(rows):
-            with policy.autocast():
-                old_log_prob[rows] = batched_log_probs(
+        old_log_prob = rollout_log_prob  # [B*G, T] algorithm.rollout_correction.bypass_mode: the sampling pass's
+        if len(rows) and not c.bypass_mode:  # recomputed by a forward pass, as verl does by default
+            with policy.autocast(), _timer(self.timing, "timing_s/old_log_prob", add=True):
+                old_log_prob[rows] = batched_shared_log_probs(
                     policy.model, [prompts[r // c.n] for r in rows.tolist()], response_ids[rows], response_mask[rows],
                     temperature=c.temperature, pad_id=policy.pad_id, micro_batch_size=c.log_prob_micro_batch_size,
                 )
@@ -309,17 +314,19 @@ class _Trainer:
                 micro_records, mini_loss = [], 0.0
                 for m_start in range(start, start + mini, micro):
                     rows = slice(m_start, m_start + micro)
+                    width = int(batch["response_mask"][rows].sum(-1).max())  # the micro-batch's own length
                     with policy.autocast():
-                        log_prob, entropy = sequence_log_probs(
-                            policy.model, batch["prompt_ids"][rows], batch["response_ids"][rows],
-                            batch["response_mask"][rows], temperature=c.temperature, pad_id=policy.pad_id,
+                        log_prob, entropy = shared_prompt_log_probs(
+                            policy.model, batch["prompt_ids"][rows], batch["response_ids"][rows, :width],
+                            batch["response_mask"][rows, :width], temperature=c.temperature, pad_id=policy.pad_id,
                             with_entropy=True, entropy_grad=c.entropy_coeff != 0,
-                        )  # [n, T] each
+                        )  # [n, T'] each
                     device = log_prob.device
-                    mask = loss_mask[rows].to(device)  # [n, T]
+                    mask = loss_mask[rows, :width].to(device)  # [n, T']
                     # [DAPO 1] decoupled clip: clip_ratio_low / clip_ratio_high
                     loss, record = policy_loss(
-                        log_prob, batch["old_log_prob"][rows].to(device), advantages[rows].to(device), mask,
+                        log_prob, batch["old_log_prob"][rows, :width].to(device),
+                        advantages[rows, :width].to(device), mask,
                         clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
                         clip_ratio_c=c.clip_ratio_c, loss_agg_mode=c.loss_agg_mode,
                         batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
@@ -332,7 +339,7 @@ class _Trainer:
                         )
                     loss.backward()
                     mini_loss += loss.item()
-                    response_mask = batch["response_mask"][rows].to(device)
+                    response_mask = batch["response_mask"][rows, :width].to(device)
                     record["actor/entropy"] = masked_mean(entropy.detach(), response_mask).item()
                     micro_records.append(record)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)
@@ -405,7 +412,7 @@ def _validate(c: EngineConfig, policy: Policy, val_set: PromptSet, score_fn, ste
         for start in range(0, len(val_set), chunk):
             rows = range(start, min(start + chunk, len(val_set)))
             with policy.autocast():
-                response_ids, response_mask = generate(
+                response_ids, response_mask, _ = sample(
                     policy.model, [val_set.prompt_ids[i] for i in rows], n=c.val_n, params=params,
                     max_new_tokens=c.max_response_length, eos_ids=policy.eos_ids, pad_id=policy.pad_id,
                     max_num_seqs=c.max_num_seqs,
@@ -435,12 +442,12 @@ def _val_summary(step: int, metrics: dict[str, float]) -> str:
 
 
 @contextlib.contextmanager
-def _timer(metrics: dict, name: str):
+def _timer(metrics: dict, name: str, add: bool = False):
     start = time.perf_counter()
     try:
         yield
     finally:
-        metrics[name] = time.perf_counter() - start
+        metrics[name] = (metrics.get(name, 0.0) if add else 0.0) + time.perf_counter() - start
 
 
 def _quiet_libraries() -> None:

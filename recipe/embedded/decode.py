@@ -1,0 +1,218 @@
+"""The embedded engine's own decode loop and shared-prompt forward passes: the rollout path built for RL.
+
+Two facts of a GRPO/DAPO batch that Hugging Face ``generate`` and a plain forward do not use:
+
+1. The G responses of a group share their prompt (here about 70% of the tokens of every forward). The prompt is
+   run once per group, its KV cache is expanded G ways (``DynamicCache.batch_repeat_interleave``), and only the
+   response tokens go through the model G times: in generation (:func:`sample`), in the old log-prob pass and in
+   the update's forward (:func:`shared_prompt_log_probs`, gradients flow back into the prompt's keys and values).
+2. The sampling pass already holds the logits of every sampled token: :func:`sample` returns
+   ``log softmax(logits / temperature)`` of each sampled token, the same quantity the recomputation gives
+   (``rollout.sequence_log_probs``), so the old log-prob pass can be skipped
+   (``algorithm.rollout_correction.bypass_mode``, verl's name for "old log-probs are the rollout's").
+
+The loop itself is a plain loop over ``model(...)`` with a KV cache: no logits-processor list, no stopping-criteria
+objects; temperature, top-k and top-p are a handful of tensor ops (:func:`filter_logits`) applied exactly as
+``generate`` applies them (temperature, then top-k, then top-p, ``-inf`` for removed tokens, ``multinomial`` on
+the softmax), so with the same RNG state and the same batch it draws the same tokens as ``generate``. Finished
+rows stay in the batch (masked: their next token is the pad token) so that the RNG stream is ``generate``'s;
+the loop stops when every row has ended.
+
+Layout (as ``rollout.generate``): prompts left-padded, responses right-padded, the G responses of a prompt in
+consecutive rows. Deviation: the KV cache is Hugging Face's ``DynamicCache`` (grown by concatenation), not a
+preallocated one; for responses of a few tokens the difference did not show in the measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dapo.metrics import entropy_from_logits
+from recipe.embedded.rollout import SamplingParams, left_pad, response_mask_from_eos, right_pad
+
+
+def filter_logits(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """``[N, V]`` fp32 logits -> temperature-scaled scores with the tokens outside top-k / top-p set to -inf
+    (``generate``'s order and tie rules: top-k keeps every token >= the k-th score, top-p removes the low tail
+    whose cumulative probability is <= 1 - top_p and always keeps the most likely token)."""
+    if temperature != 1.0:
+        scores = scores / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]  # [N, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)  # [N, V]
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)  # [N, V]
+        remove_sorted = cumulative <= 1 - top_p
+        remove_sorted[..., -1:] = False  # the most likely token is always kept
+        remove = remove_sorted.scatter(-1, order, remove_sorted)  # [N, V] back to vocabulary order
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores
+
+
+def _group_runs(prompts: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Consecutive rows with the same prompt -> (the distinct prompts in order, ``[U]`` row counts)."""
+    unique, counts = [], []
+    for p in prompts:
+        if unique and (p is unique[-1] or (p.shape == unique[-1].shape and torch.equal(p, unique[-1]))):
+            counts[-1] += 1
+        else:
+            unique.append(p)
+            counts.append(1)
+    return unique, torch.tensor(counts)
+
+
+def _prefill(model, prompts: Sequence[torch.Tensor], pad_id: int, device, logits_to_keep: int = 1):
+    """One forward over the left-padded distinct prompts: (logits of the last position ``[U, 1, V]``, cache,
+    ``[U, P]`` mask, ``[U]`` real lengths)."""
+    from transformers import DynamicCache
+
+    ids, mask = left_pad(prompts, pad_id)  # [U, P]
+    ids, mask = ids.to(device), mask.to(device)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, P] real tokens only
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                use_cache=True, logits_to_keep=logits_to_keep)
+    return out.logits, out.past_key_values, mask, mask.sum(-1)
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompts: Sequence[torch.Tensor],  # B prompts, 1-D token ids each
+    *,
+    n: int,
+    params: SamplingParams,
+    max_new_tokens: int,
+    eos_ids: torch.Tensor,  # [E]
+    pad_id: int,
+    max_num_seqs: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rollout.generate``'s contract plus the log-probs: ``[B*n, T]`` ids, mask and
+    ``log softmax(logits / temperature)`` of each sampled token (0 past the end), in fp32 (fp64 for an fp64
+    model). Each prompt is prefilled once and its cache expanded ``n`` ways; at most ``max_num_seqs`` responses
+    (whole groups, at least one) decode together."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    groups_per_chunk = max(1, max_num_seqs // n)
+    eos = eos_ids.to(device)
+    ids_chunks, logp_chunks = [], []
+    for start in range(0, len(prompts), groups_per_chunk):
+        ids, logp = _sample_chunk(model, prompts[start : start + groups_per_chunk], n, params, max_new_tokens, eos,
+                                  pad_id, device)
+        ids_chunks.append(ids.cpu())
+        logp_chunks.append(logp.cpu())
+    model.train(was_training)
+    width = max(c.shape[1] for c in ids_chunks)
+    response_ids = right_pad(ids_chunks, width, pad_id)  # [B*n, T]
+    response_mask = response_mask_from_eos(response_ids, eos_ids.cpu())  # [B*n, T]
+    log_probs = right_pad(logp_chunks, width, 0.0) * response_mask  # [B*n, T]
+    return response_ids, response_mask, log_probs
+
+
+def _sample_chunk(model, prompts, n, params, max_new_tokens, eos, pad_id, device):
+    logits, cache, prompt_mask, lengths = _prefill(model, prompts, pad_id, device)  # [b, 1, V]
+    cache.batch_repeat_interleave(n)  # the prompt's keys and values, once per response
+    logits = logits[:, -1].repeat_interleave(n, dim=0)  # [N, V]
+    prompt_mask = prompt_mask.repeat_interleave(n, dim=0)  # [N, P]
+    positions = lengths.repeat_interleave(n).unsqueeze(-1)  # [N, 1] position of the first response token
+    rows, width = prompt_mask.shape
+    attention = torch.cat([prompt_mask, prompt_mask.new_ones(rows, max_new_tokens)], dim=1)  # [N, P+T]
+    log_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, T]
+    log_probs = torch.zeros((rows, max_new_tokens), dtype=log_dtype, device=device)  # [N, T]
+    unfinished = torch.ones(rows, dtype=torch.bool, device=device)  # [N]
+    steps = 0
+    for t in range(max_new_tokens):
+        scores = logits.to(log_dtype)  # [N, V]
+        if params.do_sample:
+            filtered = filter_logits(scores, params.temperature, params.top_k, params.top_p)
+            next_tokens = torch.multinomial(filtered.softmax(dim=-1), num_samples=1).squeeze(1)  # [N]
+        else:
+            next_tokens = scores.argmax(dim=-1)  # [N]
+        next_tokens = torch.where(unfinished, next_tokens, pad_id)
+        # log pi(token) at the rollout temperature, before top-k / top-p (what the recomputation gives)
+        temperature = params.temperature if params.do_sample else 1.0
+        step_logp = (scores / temperature).log_softmax(dim=-1).gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1)
+        tokens[:, t] = next_tokens
+        log_probs[:, t] = step_logp
+        steps = t + 1
+        unfinished &= ~torch.isin(next_tokens, eos)
+        if not unfinished.any() or t + 1 == max_new_tokens:
+            break
+        out = model(input_ids=next_tokens.unsqueeze(-1), attention_mask=attention[:, : width + t + 1],
+                    position_ids=positions + t, past_key_values=cache, use_cache=True)
+        logits, cache = out.logits[:, -1], out.past_key_values  # [N, V]
+    return tokens[:, :steps], log_probs[:, :steps]
+
+
+def shared_prompt_log_probs(
+    model,
+    prompts: Sequence[torch.Tensor],  # N prompts, 1-D token ids each (one per response; equal ones consecutive)
+    response_ids: torch.Tensor,  # [N, T]
+    response_mask: torch.Tensor,  # [N, T]
+    *,
+    temperature: float,
+    pad_id: int,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``rollout.sequence_log_probs``'s contract, with each run of equal consecutive prompts run once.
+
+    The distinct prompts go through the model once (only their last position's logits are kept, it predicts the
+    first response token); their cache is expanded to one copy per response and the responses (all but their
+    last token, which predicts nothing) run on top of it. Position ids count real tokens only, as in
+    ``sequence_log_probs``; gradients reach the prompt's forward through the expanded cache.
+    """
+    device = next(model.parameters()).device
+    unique, counts = _group_runs(prompts)
+    logits_first, cache, prompt_mask, lengths = _prefill(model, unique, pad_id, device)  # [U, 1, V]
+    counts = counts.to(device)
+    _repeat_cache(cache, counts)
+    response_ids = response_ids.to(device)
+    response_mask = response_mask.to(device).long()
+    prompt_mask = prompt_mask.repeat_interleave(counts, dim=0)  # [N, P]
+    logits = logits_first.repeat_interleave(counts, dim=0)  # [N, 1, V]
+    if response_ids.shape[1] > 1:
+        inputs = response_ids[:, :-1]  # [N, T-1]
+        attention = torch.cat([prompt_mask, response_mask[:, :-1]], dim=1)  # [N, P+T-1]
+        positions = lengths.repeat_interleave(counts).unsqueeze(-1) + torch.arange(inputs.shape[1], device=device)
+        rest = model(input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                     use_cache=True).logits  # [N, T-1, V]
+        logits = torch.cat([logits, rest], dim=1)  # [N, T, V] position t predicts response token t
+    logits = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
+    log_prob = torch.gather(logits.log_softmax(dim=-1), -1, response_ids.unsqueeze(-1)).squeeze(-1)  # [N, T]
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits)  # [N, T]
+    return log_prob, entropy
+
+
+def _repeat_cache(cache, counts: torch.Tensor) -> None:
+    """Expand every layer's keys and values from ``[U, ...]`` to ``[sum(counts), ...]`` (differentiable)."""
+    if bool((counts == counts[0]).all()):
+        cache.batch_repeat_interleave(int(counts[0]))
+        return
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(counts, dim=0)
+        layer.values = layer.values.repeat_interleave(counts, dim=0)
+
+
+@torch.no_grad()
+def batched_shared_log_probs(model, prompts, response_ids, response_mask, *, temperature, pad_id, micro_batch_size):
+    """:func:`shared_prompt_log_probs` in chunks of ``micro_batch_size`` rows, without gradients, on the CPU."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, response_ids.shape[0], micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        log_prob, _ = shared_prompt_log_probs(
+            model, prompts[rows], response_ids[rows], response_mask[rows], temperature=temperature, pad_id=pad_id
+        )
+        out.append(log_prob.cpu())
+    model.train(was_training)
+    return torch.cat(out, dim=0)  # [N, T]
