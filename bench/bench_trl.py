@@ -27,6 +27,7 @@ Figures (medians over rollout steps):
                     generation (generate, score, old log-probs; TRL: its first optimizer step less a plain
                     one) and updates.
   ms / response     seconds per rollout step / responses generated in it (the engine generates more per step).
+  peak_rss_mib      peak resident memory of the contender's training process (setup included), MiB.
   time_to_target_s  training seconds (sum of step times, evaluation excluded) until the first evaluation at
                     or above the target accuracy (``--target``; default: the start accuracy plus 0.9 x the
                     smaller of the two best gains, a level both reach); null if not reached.
@@ -165,6 +166,9 @@ def worker(name: str, spec: dict, turns: Turns) -> None:
         result = train(cfg, c, spec, turns)
     finally:
         turns.finish(name)  # after everything this process does, so that it never overlaps a timed step
+    import resource
+
+    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; whole process
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
 
 
@@ -348,6 +352,7 @@ def figures(results: dict[str, dict], acc: dict[str, dict[int, float]], target: 
             "rollout_steps": len(rollout_s),
             "updates_per_rollout": upr,
             "generated_per_step": statistics.mean(r["generated"]),
+            "peak_rss_mib": r.get("peak_rss_mib"),
             "val_acc": {str(k): v for k, v in sorted(acc[name].items())},
             "final_acc": acc[name][max(acc[name])],
             "best_acc": max(acc[name].values()),
@@ -373,9 +378,10 @@ def report(fig: dict, settings: dict) -> None:
             ttt = f"{f['time_to_target_s']:.1f} (step {f['steps_to_target']})"
         rows.append([name, f["step_s"], f["rollout_step_s"], f["gen_phase_s"], f["update_phase_s"],
                      f["generated_per_step"], f["response_ms"], f"{fig['start_acc']:.3f} -> {f['final_acc']:.3f}",
-                     ttt])
+                     ttt, f["peak_rss_mib"]])
     print_table(["contender", "s / update", "s / rollout step", "(generation", "updates)", "responses / step",
-                 "ms / response", "val acc start -> end", f"s to acc >= {fig['target_acc']:.3f}"], rows)
+                 "ms / response", "val acc start -> end", f"s to acc >= {fig['target_acc']:.3f}",
+                 "peak RSS MiB"], rows)
     print("\nvalidation accuracy (mean@k, same evaluator) by rollout step:")
     steps = sorted(int(s) for s in fig["ours"]["val_acc"])
     print_table(["rollout step", *map(str, steps)],

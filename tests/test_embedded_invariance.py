@@ -50,4 +50,7 @@ def test_micro_batch_size_does_not_change_the_update(tiny_run, tiny_start_weight
     for name, value in whole.items():
         assert value.dtype == torch.float64
         assert (value - start[name].double()).abs().max() > 1e-6, f"{name} did not move: nothing to compare"
-        torch.testing.assert_close(per_response[name], value, rtol=0, atol=1e-10, msg=name)
+        # atol 1e-7: the update's shared-prompt forward (recipe/embedded/decode.py) gives gradients within about
+        # 5e-8 relative of a per-row forward even in float64 (weights here move by about 2e-3, and differ by at
+        # most 3e-8); a wrong normaliser would change them by a ratio of token counts, orders of magnitude more
+        torch.testing.assert_close(per_response[name], value, rtol=0, atol=1e-7, msg=name)
