@@ -15,6 +15,7 @@ BENCHES = {
     "loss": "bench.bench_loss",
     "scorer": "bench.bench_scorer",
     "sampling": "bench.bench_sampling",
+    "step": "bench.bench_step",
     "trl": "bench.bench_trl",
     "ablation": "bench.ablation",  # the longest: about 50 minutes (python -m bench.ablation --quick: a few)
 }
