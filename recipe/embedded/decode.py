@@ -18,6 +18,9 @@ the softmax), so with the same RNG state and the same batch it draws the same to
 rows stay in the batch (masked: their next token is the pad token) so that the RNG stream is ``generate``'s;
 the loop stops when every row has ended.
 
+The model is any Hugging Face causal LM that takes ``past_key_values`` (a ``DynamicCache``), ``position_ids`` and
+``logits_to_keep``, as the decoder-only models of transformers 5 do.
+
 Layout (as ``rollout.generate``): prompts left-padded, responses right-padded, the G responses of a prompt in
 consecutive rows. Deviation: the KV cache is Hugging Face's ``DynamicCache`` (grown by concatenation), not a
 preallocated one; for responses of a few tokens the difference did not show in the measurements.

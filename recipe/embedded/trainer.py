@@ -1,4 +1,5 @@
-"""The embedded engine's training loop: DAPO in one process, Hugging Face ``generate``, the ``dapo/`` functions.
+"""The embedded engine's training loop: DAPO in one process, its own decode loop over a Hugging Face model
+(``recipe.embedded.decode``), the ``dapo/`` functions.
 
 One step (the four DAPO techniques are marked ``[DAPO n]``, numbered as in the paper's §3):
 
@@ -13,9 +14,11 @@ One step (the four DAPO techniques are marked ``[DAPO n]``, numbered as in the p
    ``[DAPO 3]``; truncated responses are masked out of the loss ``[DAPO 4, overlong filtering]``;
 4. periodic validation (mean@k at ``rollout.val_kwargs``) and atomic checkpoints.
 
-Behaviour policy (``old_log_prob``): the log-probabilities of a group are computed once, right after it is
-generated, with the policy that generated it. For fresh groups this is exactly verl's recomputed
-``old_log_prob`` (nothing has been updated since generation). Groups carried over from an earlier step
+Behaviour policy (``old_log_prob``): the log-probabilities of a group are those of the policy that generated it:
+kept from the sampling pass (``algorithm.rollout_correction.bypass_mode=true``, the embedded default) or computed
+once by a forward pass right after generation (``false``). For fresh groups this is verl's recomputed
+``old_log_prob`` (nothing has been updated since generation): exactly when recomputed, within summation-order
+rounding (measured at most 1.6e-5 in fp32) when kept from the sampling pass. Groups carried over from an earlier step
 (``dapo.sampling.carry_over``) keep the log-probs of the older policy that sampled them, which is the correct
 PPO behaviour policy: the ratio then corrects for their staleness, and the clip bounds it.
 
