@@ -55,9 +55,9 @@ from dapo.shaping import overlong_penalty
 from recipe.embedded import checkpoint, checks
 from recipe.embedded.config import ConfigError, EngineConfig, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
+from recipe.embedded.decode import batched_shared_log_probs, sample, shared_prompt_log_probs
 from recipe.embedded.identity import check_same_run, run_identity
 from recipe.embedded.monitor import Monitor, write_plots
-from recipe.embedded.decode import batched_shared_log_probs, sample, shared_prompt_log_probs
 from recipe.embedded.rollout import SamplingParams, right_pad
 from recipe.embedded.warmup import task_files, warm_model
 
