@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from bench.common import print_table, write_json
+from dapo.settings import eos_token_ids
 
 CONTENDERS = ("ours", "trl")
 PRESETS = {  # rollout steps, steps between snapshots, engine overrides (both read them)
@@ -269,17 +270,14 @@ class Evaluator:
 
         c, tok = self.c, self.tokenizer
         model = self.load(weights)
-        eos = {tok.eos_token_id}
-        gen_eos = model.generation_config.eos_token_id
-        eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-        eos.discard(None)
+        eos = eos_token_ids(tok.eos_token_id, model.generation_config.eos_token_id)  # the engines' rule
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
         params = SamplingParams(c.val_do_sample, c.val_temperature, c.val_top_p, c.val_top_k)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             ids, mask = generate(
                 model, self.val.prompt_ids, n=c.val_n, params=params, max_new_tokens=c.max_response_length,
-                eos_ids=torch.tensor(sorted(eos)), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
+                eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
             )  # [V*k, T]
         truths = [t for t in self.val.ground_truths for _ in range(c.val_n)]
         correct = [
@@ -437,7 +435,7 @@ def main() -> None:
                     "train_batch_size": c.train_batch_size, "gen_batch_size": c.gen_batch_size,
                     "ppo_mini_batch_size": c.ppo_mini_batch_size, "max_response_length": c.max_response_length,
                     "lr": c.lr, "val_n": c.val_n, "val_top_p": c.val_top_p, "overrides": args.overrides,
-                    "filter_groups": c.filter_groups, "preset": "quick" if args.quick else "default"}
+                    "filter_groups": c.dapo.filter.enable, "preset": "quick" if args.quick else "default"}
         report(fig, settings)
         write_json(args.json, {**fig, "settings": settings})
 

@@ -126,6 +126,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from dapo.settings import ConfigError, FilterSettings, SamplingSettings
+
 logger = logging.getLogger(__name__)
 
 _STATE_FORMAT = 1
@@ -218,48 +220,32 @@ class BatchFiller:
         self,
         train_batch_size: int,
         gen_batch_size: int,
-        max_num_gen_batches: int = 0,
-        adaptive: bool = False,
-        min_gen_batch_size: int | None = None,
-        safety_margin: float = 0.25,
-        carry_over: bool = False,
-        max_carry_age: int = 1,
-        skip_saturated: bool = False,
-        saturation_window: int = 2,
-        reprobe_after: int = 4,
+        max_num_gen_batches: int = FilterSettings.max_num_gen_batches,
+        adaptive: bool = SamplingSettings.adaptive,
+        min_gen_batch_size: int | None = SamplingSettings.min_gen_batch_size,
+        safety_margin: float = SamplingSettings.safety_margin,
+        carry_over: bool = SamplingSettings.carry_over,
+        max_carry_age: int = SamplingSettings.max_carry_age,
+        skip_saturated: bool = SamplingSettings.skip_saturated,
+        saturation_window: int = SamplingSettings.saturation_window,
+        reprobe_after: int = SamplingSettings.reprobe_after,
         *,
-        kept_frac_decay: float = 0.5,
+        kept_frac_decay: float = SamplingSettings.kept_frac_decay,
     ) -> None:
+        # the defaults and the checks are those of dapo.settings (one set for both engines)
         if train_batch_size < 1:
-            raise ValueError(f"data.train_batch_size must be >= 1, got {train_batch_size}")
+            raise ConfigError(f"data.train_batch_size must be >= 1, got {train_batch_size}")
         if gen_batch_size < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"data.gen_batch_size must be >= 1, got {gen_batch_size}; DAPO uses 3x data.train_batch_size"
             )
-        if max_num_gen_batches < 0:
-            raise ValueError(
-                f"algorithm.filter_groups.max_num_gen_batches must be >= 0 (0 = unbounded), got {max_num_gen_batches}"
-            )
+        FilterSettings(max_num_gen_batches=max_num_gen_batches)
+        SamplingSettings(
+            train_batch_size, gen_batch_size, adaptive, min_gen_batch_size, safety_margin, carry_over, max_carry_age,
+            skip_saturated, saturation_window, reprobe_after, kept_frac_decay,
+        )
         if min_gen_batch_size is None:
             min_gen_batch_size = min(gen_batch_size, math.ceil(train_batch_size / 4))
-        if not 1 <= min_gen_batch_size <= gen_batch_size:
-            raise ValueError(
-                f"min_gen_batch_size must be in [1, gen_batch_size={gen_batch_size}], got {min_gen_batch_size}; "
-                "leave it unset for ceil(train_batch_size / 4)"
-            )
-        if not (safety_margin >= 0 and math.isfinite(safety_margin)):
-            raise ValueError(f"safety_margin must be a finite number >= 0 (0.1 = 10% extra), got {safety_margin}")
-        if max_carry_age < 0:
-            raise ValueError(f"max_carry_age must be >= 0 policy versions, got {max_carry_age}")
-        if saturation_window < 1:
-            raise ValueError(f"saturation_window must be >= 1 sampled groups, got {saturation_window}")
-        if reprobe_after < 1:
-            raise ValueError(
-                f"reprobe_after must be >= 1 skipped offers, got {reprobe_after}; "
-                "to never skip, set skip_saturated=False"
-            )
-        if not 0.0 <= kept_frac_decay < 1.0:
-            raise ValueError(f"kept_frac_decay must be in [0, 1), got {kept_frac_decay}")
 
         self.train_batch_size = train_batch_size
         self.gen_batch_size = gen_batch_size
@@ -288,6 +274,14 @@ class BatchFiller:
         self.rounds: list[RoundStats] = []
         self.last_batch_versions: list[int] = []
         self.totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
+
+    @classmethod
+    def from_settings(cls, sampling: SamplingSettings, filter_groups: FilterSettings) -> BatchFiller:
+        """The filler both engines build from :class:`dapo.settings.DapoSettings`."""
+        return cls(
+            sampling.train_batch_size, sampling.gen_batch_size, filter_groups.max_num_gen_batches,
+            **sampling.filler_options(),
+        )
 
     # ------------------------------------------------------------------ step protocol
 

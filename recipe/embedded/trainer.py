@@ -45,9 +45,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dapo.advantage import group_advantages
-from dapo.loss import aggregate_loss, masked_mean, overlong_filter_mask, policy_loss, truncated_responses
+from dapo.loss import LOSS_MODES, aggregate_loss, masked_mean, overlong_filter_mask, truncated_responses
 from dapo.metrics import mean_metrics, response_length_metrics
 from dapo.sampling import BatchFiller, keep_groups
+from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
 from recipe.embedded import checkpoint, checks
 from recipe.embedded.config import ConfigError, EngineConfig, read_config
@@ -102,8 +103,8 @@ def run(cfg: DictConfig) -> Path:
         optimizer, lambda s: s / max(1, warmup_steps) if s < warmup_steps else 1.0
     )
     filler = None
-    if c.filter_groups:  # [DAPO 2] dynamic sampling
-        filler = BatchFiller(c.train_batch_size, c.gen_batch_size, c.max_num_gen_batches, **_sampling_kwargs(c))
+    if c.dapo.filter.enable:  # [DAPO 2] dynamic sampling
+        filler = BatchFiller.from_settings(c.dapo.sampling, c.dapo.filter)
     stream = PromptStream(len(train_set), shuffle=c.shuffle, seed=c.data_seed)
     total_steps = c.total_training_steps or c.total_epochs * max(1, len(train_set) // c.gen_batch_size)
 
@@ -190,7 +191,7 @@ class _Trainer:
             advantages = group_advantages(batch["reward"], c.n, norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo)
             advantages = advantages.unsqueeze(-1) * batch["response_mask"]  # [N, T]
             loss_mask = batch["response_mask"]  # [N, T]
-            if c.overlong_filter:  # [DAPO 4] overlong filtering: truncated responses carry no loss
+            if c.dapo.overlong.filter:  # [DAPO 4] overlong filtering: truncated responses carry no loss
                 loss_mask = overlong_filter_mask(loss_mask, batch["truncated"])
 
             metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
@@ -252,14 +253,16 @@ class _Trainer:
                         c.reward_kwargs)
         truncated = truncated_responses(response_ids, response_mask, policy.eos_ids)  # [B*G]
         penalty = torch.zeros(len(truths))  # [B*G]
-        if c.overlong_buffer:  # [DAPO 4] soft overlong punishment (paper Eq. 13)
+        overlong = c.dapo.overlong
+        if overlong.buffer_enable:  # [DAPO 4] soft overlong punishment (paper Eq. 13)
             penalty = overlong_penalty(
-                response_mask.sum(-1), max_resp_len=c.max_resp_len, overlong_buffer_len=c.overlong_buffer_len,
-                penalty_factor=c.overlong_penalty_factor,
+                response_mask.sum(-1), max_resp_len=overlong.max_resp_len, overlong_buffer_len=overlong.buffer_len,
+                penalty_factor=overlong.penalty_factor,
             )
         reward = scored["score"] + penalty  # [B*G]
         acc = scored["acc"].view(-1, c.n)  # [B, G]
-        filter_values = {"acc": acc, "score": scored["score"].view(-1, c.n)}.get(c.filter_metric, reward.view(-1, c.n))
+        # [B, G] the filter metric, one of dapo.settings.FILTER_METRICS (never the length-shaped reward)
+        filter_values = {"acc": acc, "score": scored["score"].view(-1, c.n)}[c.dapo.filter.metric]
 
         kept = torch.ones(len(indices), dtype=torch.bool) if keep_all else keep_groups(filter_values)  # [B]
         rows = (kept.repeat_interleave(c.n)).nonzero().flatten()  # responses of kept groups
@@ -295,6 +298,7 @@ class _Trainer:
     def update(self, batch: dict, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
         """``ppo_epochs`` x mini-batches, one optimizer step each, gradients accumulated over micro-batches."""
         c, policy = self.c, self.policy
+        loss_fn, loss_settings = LOSS_MODES[c.dapo.loss.loss_mode], c.dapo.loss  # policy_loss.loss_mode
         mini, micro = c.ppo_mini_batch_size * c.n, c.ppo_micro_batch_size
         num_rows = batch["response_ids"].shape[0]
         policy.model.train()
@@ -318,17 +322,15 @@ class _Trainer:
                     device = log_prob.device
                     mask = loss_mask[rows].to(device)  # [n, T]
                     # [DAPO 1] decoupled clip: clip_ratio_low / clip_ratio_high
-                    loss, record = policy_loss(
+                    loss, record = loss_fn(
                         log_prob, batch["old_log_prob"][rows].to(device), advantages[rows].to(device), mask,
-                        clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
-                        clip_ratio_c=c.clip_ratio_c, loss_agg_mode=c.loss_agg_mode,
                         batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
-                        loss_scale_factor=c.loss_scale_factor,
+                        **loss_settings.loss_kwargs(),
                     )
                     if c.entropy_coeff != 0:
                         loss = loss - c.entropy_coeff * aggregate_loss(
-                            entropy, mask, c.loss_agg_mode, batch_num_tokens=batch_num_tokens,
-                            global_batch_size=global_batch_size, loss_scale_factor=c.loss_scale_factor,
+                            entropy, mask, loss_settings.loss_agg_mode, batch_num_tokens=batch_num_tokens,
+                            global_batch_size=global_batch_size, loss_scale_factor=loss_settings.loss_scale_factor,
                         )
                     loss.backward()
                     mini_loss += loss.item()
@@ -458,15 +460,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _sampling_kwargs(c: EngineConfig) -> dict:
-    known = ("adaptive", "min_gen_batch_size", "safety_margin", "carry_over", "max_carry_age", "skip_saturated",
-             "saturation_window", "reprobe_after")
-    unknown = sorted(set(c.sampling) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} under dapo.sampling; known: {', '.join(known)}")
-    return {k: v for k, v in c.sampling.items() if v is not None or k == "min_gen_batch_size"}
-
-
 def _resume_checkpoint(c: EngineConfig, run_dir: Path, identity: dict) -> Path | None:
     """verl's ``trainer.resume_mode``: auto = the latest intact checkpoint in the run dir if any; disable = start
     over; resume_path = ``trainer.resume_from_path``. A checkpoint of another run is refused (run.json)."""
@@ -559,14 +552,9 @@ def _load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
             f"the tokenizer of {model_dir} has no chat template; set actor_rollout_ref.model.custom_chat_template"
         )
     tokenizer.padding_side = "left"
-    eos = {tokenizer.eos_token_id}
-    gen_eos = model.generation_config.eos_token_id
-    eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    eos.discard(None)
-    if not eos:
-        raise ConfigError(f"the tokenizer of {model_dir} defines no end-of-sequence token; responses could never end")
+    eos = eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)  # shared with verl's engine
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    model.generation_config = GenerationConfig(eos_token_id=sorted(eos), pad_token_id=pad_id)  # no hub defaults
+    model.generation_config = GenerationConfig(eos_token_id=list(eos), pad_token_id=pad_id)  # no hub defaults
     for module in model.modules():  # dropout off: old and new log-probs must see the same network
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -575,7 +563,7 @@ def _load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
     if c.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.to(device)
-    return Policy(model, tokenizer, torch.tensor(sorted(eos)), int(pad_id), device, autocast_dtype)
+    return Policy(model, tokenizer, torch.tensor(eos), int(pad_id), device, autocast_dtype)
 
 
 def load_tokenizer(path, trust_remote_code: bool = False):
