@@ -31,9 +31,14 @@ engines drive the same way::
         # draw candidates from the data loader, keep those filler.admit(keys) accepts, until n are accepted
         # (bound the draws, e.g. one epoch; every offer counts toward a skipped prompt's re-probe)
         groups, acc = generate_and_score(prompts)    # one opaque payload per prompt, acc: [n, G]
-        filler.add_round(groups, acc, keys)
+        kept = filler.add_round(groups, acc, keys)   # [n] bool: the groups it kept (the one keep/drop decision)
     batch, metrics = filler.end_step()               # exactly train_batch_size payloads
     versions = filler.last_batch_versions            # policy version each payload was generated under
+
+``groups`` may also be a function ``groups(kept_indices) -> payloads`` that builds the payloads of the kept groups
+only (an engine that computes log-probabilities per payload then spends nothing on dropped groups).
+:attr:`BatchFiller.ready_payloads` and :attr:`BatchFiller.carried_payloads` are read-only views of the groups in
+the batch being filled and of those carried to the next step.
 
 ``prompt_keys`` must identify the prompt *content* (e.g. ``extra_info.index`` or a hash of the prompt text),
 not a per-sample uid, so that the duplicated rows of DAPO-Math-17k share one saturation history.
@@ -120,7 +125,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -346,16 +351,24 @@ class BatchFiller:
                 out.append(False)
         return out
 
-    def add_round(self, groups: Sequence[Any], acc: Any, prompt_keys: Sequence[Hashable]) -> None:
-        """Record one generated round: ``groups[i]`` is prompt ``prompt_keys[i]``'s payload, ``acc[i]`` its
-        ``[G]`` accuracies. Keeps the mixed groups; raises ``ValueError`` when the round limit is reached
-        with the batch still short."""
+    def add_round(
+        self,
+        groups: Sequence[Any] | Callable[[list[int]], Sequence[Any]],
+        acc: Any,
+        prompt_keys: Sequence[Hashable],
+    ) -> torch.Tensor:
+        """Record one generated round and return ``[B]`` bool, the groups kept (paper Eq. 11).
+
+        ``groups[i]`` is prompt ``prompt_keys[i]``'s payload, ``acc[i]`` its ``[G]`` accuracies; or ``groups`` is a
+        function of the kept indices returning their payloads, in that order. Keeps the mixed groups; raises
+        ``ValueError`` when the round limit is reached with the batch still short."""
         self._require_step("add_round")
         acc = _accuracy_matrix(acc)  # [B, G]
         num_prompts, group_size = acc.shape
-        if len(groups) != num_prompts or len(prompt_keys) != num_prompts:
+        num_payloads = num_prompts if callable(groups) else len(groups)
+        if num_payloads != num_prompts or len(prompt_keys) != num_prompts:
             raise ValueError(
-                f"add_round got {len(groups)} payloads, {len(prompt_keys)} prompt keys and accuracies for "
+                f"add_round got {num_payloads} payloads, {len(prompt_keys)} prompt keys and accuracies for "
                 f"{num_prompts} prompts; pass one payload, one key and one accuracy row per prompt"
             )
         if group_size < 2 and num_prompts > 0:
@@ -387,8 +400,11 @@ class BatchFiller:
                     entry[1] += 1
                     entry[2] = 0
 
-        for i in kept.nonzero().flatten().tolist():
-            self._ready.append((groups[i], self._version))
+        kept_indices = kept.nonzero().flatten().tolist()
+        payloads = groups(kept_indices) if callable(groups) else [groups[i] for i in kept_indices]
+        if len(payloads) != len(kept_indices):
+            raise ValueError(f"the payload function returned {len(payloads)} payloads for {len(kept_indices)} kept groups")
+        self._ready.extend((payload, self._version) for payload in payloads)
 
         self._step["generated"] += num_prompts
         self._step["all_correct"] += n_correct
@@ -406,6 +422,7 @@ class BatchFiller:
 
         if self.max_num_gen_batches > 0 and len(self.rounds) >= self.max_num_gen_batches and not self.done:
             raise ValueError(self._too_many_rounds_message())
+        return kept
 
     def _too_many_rounds_message(self) -> str:
         history = ", ".join(f"{r.kept}/{r.generated}={r.kept / max(r.generated, 1):.2f}" for r in self.rounds)
@@ -480,6 +497,16 @@ class BatchFiller:
     def num_carried(self) -> int:
         """Groups waiting to be carried into the next step."""
         return len(self._carried)
+
+    @property
+    def ready_payloads(self) -> tuple[Any, ...]:
+        """The payloads of the batch being filled, in batch order (after ``begin_step``: the carried-in groups)."""
+        return tuple(p for p, _ in self._ready)
+
+    @property
+    def carried_payloads(self) -> tuple[Any, ...]:
+        """The payloads carried to the next step (after ``end_step``, with ``carry_over``), oldest first."""
+        return tuple(p for p, _ in self._carried)
 
     def _require_step(self, method: str) -> None:
         if not self._in_step:

@@ -51,7 +51,7 @@ import torch
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer
 
-from dapo.sampling import BatchFiller, keep_groups
+from dapo.sampling import BatchFiller
 from dapo.settings import ConfigError, FilterSettings, SamplingSettings
 
 logger = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class DAPOReplayBuffer(ReplayBuffer):
         filler = self.filler
         self._sync_metadata_from_transfer_queue()
         filler.begin_step(global_steps)
-        carried_in = set(filler.state_dict()["ready_payloads"])
+        carried_in = set(filler.ready_payloads)
         self._clear_groups(partition_id, self._carried - carried_in)  # older than dapo.sampling.max_carry_age
         known = set(carried_in)  # prompt uids already accounted for
         kept_this_step: set[str] = set()
@@ -198,15 +198,15 @@ class DAPOReplayBuffer(ReplayBuffer):
 
             uids = sorted(finished)
             acc, infos = self._read_groups(partition_id, uids)  # acc: [B, G]
-            keep = keep_groups(acc).tolist() if uids else []  # [B], the predicate add_round applies
+            # [B] the groups kept; ValueError once max_num_gen_batches rounds leave the batch short
+            keep = filler.add_round(uids, acc, uids).tolist()
             kept_this_step.update(uid for uid, k in zip(uids, keep) if k)
             dropped = [i for i, k in enumerate(keep) if not k]
             self._clear_groups(partition_id, {uids[i] for i in dropped})
             step.add_round(acc[dropped], infos)
-            filler.add_round(uids, acc, uids)  # ValueError once max_num_gen_batches rounds leave the batch short
 
         batch_uids, metrics = filler.end_step()
-        self._carried = set(filler.state_dict()["carried_payloads"])
+        self._carried = set(filler.carried_payloads)
         self._clear_groups(partition_id, (kept_this_step | carried_in) - set(batch_uids) - self._carried)
         for index, r in enumerate(filler.rounds, start=1):
             logger.info("step %d, generation round %d: %s", global_steps, index, r)

@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from dapo.advantage import group_advantages
 from dapo.loss import LOSS_MODES, aggregate_loss, masked_mean, overlong_filter_mask, truncated_responses
 from dapo.metrics import mean_metrics, response_length_metrics
-from dapo.sampling import BatchFiller, keep_groups
+from dapo.sampling import BatchFiller
 from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
 from recipe.embedded import checkpoint, checks
@@ -74,6 +74,29 @@ class Policy:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+
+@dataclass
+class _Round:
+    """One generation round, scored and shaped: ``[B*G, ...]`` tensors, the G responses of a prompt consecutive."""
+
+    prompts: list[torch.Tensor]  # [B] prompt token ids
+    response_ids: torch.Tensor  # [B*G, T]
+    response_mask: torch.Tensor  # [B*G, T]
+    score: torch.Tensor  # [B*G] correctness score
+    acc: torch.Tensor  # [B*G] bool accuracy
+    penalty: torch.Tensor  # [B*G] soft overlong punishment (0 when off)
+    truncated: torch.Tensor  # [B*G] bool: no end-of-sequence token
+    n: int  # G
+
+    @property
+    def reward(self) -> torch.Tensor:  # [B*G] what the advantages are computed from
+        return self.score + self.penalty
+
+    def filter_values(self, metric: str) -> torch.Tensor:
+        """``[B, G]`` dynamic sampling's filter metric, one of ``dapo.settings.FILTER_METRICS`` (never the shaped
+        reward)."""
+        return {"acc": self.acc, "score": self.score}[metric].view(-1, self.n)
 
 
 def run(cfg: DictConfig) -> Path:
@@ -209,17 +232,19 @@ class _Trainer:
         acc_sum, acc_count = 0.0, 0
         if self.filler is None:  # filter_groups.enable=False: one round, every group trained
             indices = [self.stream.next() for _ in range(c.train_batch_size)]
-            groups, _, acc = self.rollout(indices, keep_all=True)
-            return groups, {"train/num_gen_batches": 1.0, "dapo/generated_prompts": float(len(indices))}, \
-                acc.float().mean().item()
+            round_ = self.rollout(indices)
+            return self.payloads(round_, list(range(len(indices)))), \
+                {"train/num_gen_batches": 1.0, "dapo/generated_prompts": float(len(indices))}, \
+                round_.acc.float().mean().item()
 
         self.filler.begin_step(step)
         while not self.filler.done:
             indices = self._draw(self.filler.next_round_size())
-            groups, filter_values, acc = self.rollout(indices, keep_all=False)
-            acc_sum, acc_count = acc_sum + acc.float().sum().item(), acc_count + acc.numel()
-            try:
-                self.filler.add_round(groups, filter_values, [self.data.keys[i] for i in indices])
+            round_ = self.rollout(indices)
+            acc_sum, acc_count = acc_sum + round_.acc.float().sum().item(), acc_count + round_.acc.numel()
+            try:  # the filler keeps the groups with mixed accuracy; their payloads (log-probs) are built for those only
+                self.filler.add_round(lambda kept, r=round_: self.payloads(r, kept),
+                                      round_.filter_values(c.dapo.filter.metric), [self.data.keys[i] for i in indices])
             except ValueError as err:
                 raise ConfigError(f"step {step}: {err}") from None
         groups, sampling_metrics = self.filler.end_step()
@@ -236,9 +261,8 @@ class _Trainer:
                 chosen.append(index)
         return chosen or [self.stream.next()]
 
-    def rollout(self, indices: list[int], keep_all: bool) -> tuple[list[dict | None], torch.Tensor, torch.Tensor]:
-        """Generate, score and shape one round; one payload per prompt (None for a group the filter drops),
-        the ``[B, G]`` filter metric and the ``[B, G]`` accuracy."""
+    def rollout(self, indices: list[int]) -> _Round:
+        """One generation round: generate, score, detect truncation, shape the reward (no filter, no log-probs)."""
         c, policy = self.c, self.policy
         prompts = [self.data.prompt_ids[i] for i in indices]
         with policy.autocast():
@@ -246,53 +270,56 @@ class _Trainer:
                 policy.model, prompts, n=c.n, params=self.sampling, max_new_tokens=c.max_response_length,
                 eos_ids=policy.eos_ids, pad_id=policy.pad_id, max_num_seqs=c.max_num_seqs,
             )  # [B*G, T]
-        sources = [self.data.data_sources[i] for i in indices for _ in range(c.n)]
-        truths = [self.data.ground_truths[i] for i in indices for _ in range(c.n)]
-        extras = [self.data.extra_infos[i] for i in indices for _ in range(c.n)]
-        scored = _score(self.score_fn, policy.tokenizer, response_ids, response_mask, sources, truths, extras,
-                        c.reward_kwargs)
+        scored = _score(
+            self.score_fn, policy.tokenizer, response_ids, response_mask,
+            *([column[i] for i in indices for _ in range(c.n)]
+              for column in (self.data.data_sources, self.data.ground_truths, self.data.extra_infos)),
+            c.reward_kwargs,
+        )
         truncated = truncated_responses(response_ids, response_mask, policy.eos_ids)  # [B*G]
-        penalty = torch.zeros(len(truths))  # [B*G]
-        overlong = c.dapo.overlong
-        if overlong.buffer_enable:  # [DAPO 4] soft overlong punishment (paper Eq. 13)
-            penalty = overlong_penalty(
-                response_mask.sum(-1), max_resp_len=overlong.max_resp_len, overlong_buffer_len=overlong.buffer_len,
-                penalty_factor=overlong.penalty_factor,
-            )
-        reward = scored["score"] + penalty  # [B*G]
-        acc = scored["acc"].view(-1, c.n)  # [B, G]
-        # [B, G] the filter metric, one of dapo.settings.FILTER_METRICS (never the length-shaped reward)
-        filter_values = {"acc": acc, "score": scored["score"].view(-1, c.n)}[c.dapo.filter.metric]
+        return _Round(prompts, response_ids, response_mask, scored["score"], scored["acc"],
+                      self.length_penalty(response_mask), truncated, c.n)
 
-        kept = torch.ones(len(indices), dtype=torch.bool) if keep_all else keep_groups(filter_values)  # [B]
-        rows = (kept.repeat_interleave(c.n)).nonzero().flatten()  # responses of kept groups
-        old_log_prob = torch.zeros(response_ids.shape, dtype=torch.float64 if policy.model.dtype == torch.float64
+    def length_penalty(self, response_mask: torch.Tensor) -> torch.Tensor:
+        """[DAPO 4] soft overlong punishment (paper Eq. 13) per response ``[B*G]``; zeros when off."""
+        overlong = self.c.dapo.overlong
+        if not overlong.buffer_enable:
+            return torch.zeros(response_mask.shape[0])
+        return overlong_penalty(
+            response_mask.sum(-1), max_resp_len=overlong.max_resp_len, overlong_buffer_len=overlong.buffer_len,
+            penalty_factor=overlong.penalty_factor,
+        )
+
+    def payloads(self, r: _Round, groups: list[int]) -> list[dict]:
+        """The payloads of groups ``groups`` of round ``r``, with their behaviour log-probs (``old_log_prob``),
+        computed now with the policy that generated them."""
+        c, policy = self.c, self.policy
+        rows = [g * c.n + k for g in groups for k in range(c.n)]  # responses of these groups
+        old_log_prob = torch.zeros(r.response_ids.shape, dtype=torch.float64 if policy.model.dtype == torch.float64
                                    else torch.float32)  # [B*G, T]
-        if len(rows):
+        if rows:
             with policy.autocast():
                 old_log_prob[rows] = batched_log_probs(
-                    policy.model, [prompts[r // c.n] for r in rows.tolist()], response_ids[rows], response_mask[rows],
-                    temperature=c.temperature, pad_id=policy.pad_id, micro_batch_size=c.log_prob_micro_batch_size,
+                    policy.model, [r.prompts[row // c.n] for row in rows], r.response_ids[rows],
+                    r.response_mask[rows], temperature=c.temperature, pad_id=policy.pad_id,
+                    micro_batch_size=c.log_prob_micro_batch_size,
                 )
-        groups: list[dict | None] = []
-        for g in range(len(indices)):
-            if not kept[g]:
-                groups.append(None)
-                continue
-            r = slice(g * c.n, (g + 1) * c.n)
-            width = int(response_mask[r].sum(-1).max())
-            groups.append({  # cloned: a payload must not pin the whole round's storage (it may be checkpointed)
-                "prompt_ids": prompts[g].clone(),
-                "response_ids": response_ids[r, :width].clone(),
-                "response_mask": response_mask[r, :width].clone(),
-                "old_log_prob": old_log_prob[r, :width].clone(),
-                "score": scored["score"][r].clone(),
-                "acc": scored["acc"][r].clone(),
-                "penalty": penalty[r].clone(),
-                "reward": reward[r].clone(),
-                "truncated": truncated[r].clone(),
+        out = []
+        for g in groups:
+            span = slice(g * c.n, (g + 1) * c.n)
+            width = int(r.response_mask[span].sum(-1).max())
+            out.append({  # cloned: a payload must not pin the whole round's storage (it may be checkpointed)
+                "prompt_ids": r.prompts[g].clone(),
+                "response_ids": r.response_ids[span, :width].clone(),
+                "response_mask": r.response_mask[span, :width].clone(),
+                "old_log_prob": old_log_prob[span, :width].clone(),
+                "score": r.score[span].clone(),
+                "acc": r.acc[span].clone(),
+                "penalty": r.penalty[span].clone(),
+                "reward": r.reward[span].clone(),
+                "truncated": r.truncated[span].clone(),
             })
-        return groups, filter_values, acc
+        return out
 
     # ---------------------------------------------------------------- [DAPO 1, 3] the policy update
     def update(self, batch: dict, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
