@@ -175,19 +175,11 @@ def train_ours(cfg, c, spec: dict, turns: Turns) -> dict:
     from recipe.embedded import trainer
     from recipe.embedded.monitor import read_metrics
 
-    # The engine has no per-step hook: wrap its step method (the loop calls it once per rollout step, and times
-    # the step inside it) so that it takes its turn first. Needs recipe.embedded.trainer._Trainer.step.
-    step_method = getattr(getattr(trainer, "_Trainer", None), "step", None)
-    if step_method is None:
-        raise SystemExit("bench_trl: recipe.embedded.trainer._Trainer.step is gone; the alternation needs a "
-                         "per-step hook of the engine (see train_ours in bench/bench_trl.py)")
+    class TakeTurns(trainer.Callback):  # each rollout step waits for its turn (outside the step's timing)
+        def on_step_begin(self, step: int) -> None:
+            turns.take("ours")
 
-    def step_in_turn(self, *args, **kwargs):
-        turns.take("ours")
-        return step_method(self, *args, **kwargs)
-
-    trainer._Trainer.step = step_in_turn
-    run_dir = trainer.run(cfg)
+    run_dir = trainer.run(cfg, callbacks=[TakeTurns()])
     records = [r for r in read_metrics(run_dir) if r.get("timing_s/step") is not None]
     return {
         "rollout_s": [r["timing_s/step"] for r in records],

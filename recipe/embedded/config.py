@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dapo.settings import ConfigError, DapoSettings, check_float, check_int
 
-__all__ = ["ConfigError", "EngineConfig", "read_config"]
+__all__ = ["ConfigError", "EngineConfig", "ignored_verl_keys", "read_config"]
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,37 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         warmup=_get(cfg, "embedded.warmup", {}) or {},
         progress_bar=bool(_get(cfg, "embedded.progress_bar", True)),
     )
+
+
+# verl keys the embedded engine does not act on (one process, Hugging Face generate, no parallelism), and why
+IGNORED_VERL_KEYS = {
+    "actor_rollout_ref.actor.use_dynamic_bsz": "micro-batches are ppo_micro_batch_size_per_gpu responses",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "no dynamic batching",
+    "actor_rollout_ref.actor.shuffle": "mini-batches are taken in batch order",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "one process",
+    "actor_rollout_ref.actor.fsdp_config.param_offload": "no FSDP",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "no FSDP",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "Hugging Face generate, one device",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "no vLLM",
+    "actor_rollout_ref.rollout.enforce_eager": "no vLLM",
+    "data.dataloader_num_workers": "prompts are read in the training process",
+    "trainer.n_gpus_per_node": "one device (embedded.device)",
+    "trainer.nnodes": "one machine",
+}
+
+
+def ignored_verl_keys(cfg: DictConfig) -> list[str]:
+    """``key=value (default D: why)`` for each of :data:`IGNORED_VERL_KEYS` set to something else than verl
+    0.9.1's default, so that the engine can say it does not act on it instead of ignoring it silently."""
+    import verl
+
+    defaults = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    out = []
+    for key, why in IGNORED_VERL_KEYS.items():
+        value, default = _get(cfg, key), OmegaConf.select(defaults, key, default=None)
+        if value != default:
+            out.append(f"{key}={value} (verl's default {default}; {why})")
+    return out
 
 
 def _divisor_near(total: int, wanted: int) -> int:

@@ -37,6 +37,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ from dapo.sampling import BatchFiller
 from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
 from recipe.embedded import checkpoint, checks
-from recipe.embedded.config import ConfigError, EngineConfig, read_config
+from recipe.embedded.config import ConfigError, EngineConfig, ignored_verl_keys, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
 from recipe.embedded.identity import check_same_run, run_identity
 from recipe.embedded.monitor import Monitor, write_plots
@@ -99,9 +100,24 @@ class _Round:
         return {"acc": self.acc, "score": self.score}[metric].view(-1, self.n)
 
 
-def run(cfg: DictConfig) -> Path:
+class Callback:
+    """What a caller can watch without patching the loop (TRL's ``TrainerCallback``): override what you need.
+
+    ``on_step_begin`` runs before each rollout step, outside its timing (``timing_s/step``); ``on_step_end`` after
+    it, with the step's metrics, before validation and the checkpoint."""
+
+    def on_step_begin(self, step: int) -> None:
+        pass
+
+    def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+
+def run(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> Path:
     """Train with DAPO as ``cfg`` says; return the run directory (metrics.jsonl, plots/, checkpoints)."""
     c = read_config(cfg)
+    for setting in ignored_verl_keys(cfg):
+        logger.warning("the embedded engine ignores %s", setting)
     # ------------------------------------------------------------------ setup
     # the cheap checks first: nothing is loaded, built or written before the inputs and the run directory pass
     run_dir = Path(c.run_dir).resolve()
@@ -161,11 +177,15 @@ def run(cfg: DictConfig) -> Path:
         monitor.log(0, val_metrics)
         monitor.write(_val_summary(0, val_metrics))
     for step in range(start_step + 1, 0 if c.val_only else total_steps + 1):
+        for callback in callbacks:
+            callback.on_step_begin(step)
         try:
             metrics = trainer.step(step)
         except RuntimeError as err:
             raise trainer.guard.diverged(err, step) from None
         trainer.guard.end_step(step)
+        for callback in callbacks:
+            callback.on_step_end(step, metrics)
         last = step == total_steps
         if c.test_freq > 0 and (step % c.test_freq == 0 or last):
             with _timer(metrics, "timing_s/testing"):
