@@ -245,48 +245,14 @@ def policy_loss(
     return loss, metrics
 
 
-def _verl_metrics(
-    clipped: torch.Tensor, dual_clipped: torch.Tensor | float, log_ratio: torch.Tensor, response_mask: torch.Tensor
-) -> dict[str, float]:
-    """verl's three policy-loss metrics: masked means of the clip indicator, the dual-clip indicator and -log r."""
-    with torch.no_grad():
-        return {
-            "actor/pg_clipfrac": masked_mean(clipped.float(), response_mask).item(),
-            "actor/ppo_kl": masked_mean(-log_ratio, response_mask).item(),
-            "actor/pg_clipfrac_lower": float(dual_clipped)
-            if isinstance(dual_clipped, float)
-            else masked_mean(dual_clipped.float(), response_mask).item(),
-        }
+VERL_LOSS_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")  # what verl's losses log
 
 
-def vanilla_policy_loss(
-    log_prob: torch.Tensor,  # [N, T]
-    old_log_prob: torch.Tensor,  # [N, T]
-    advantages: torch.Tensor,  # [N, T]
-    response_mask: torch.Tensor,  # [N, T]
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-    batch_num_tokens: float | torch.Tensor | None = None,
-    global_batch_size: int | None = None,
-    dp_size: int = 1,
-    loss_scale_factor: float | None = None,
-    rollout_is_weights: torch.Tensor | None = None,  # [N, T] or None
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's ``vanilla`` loss: PPO's clipped surrogate with dual clip, verl's metrics (see the module docstring)."""
-    loss_mat, stats = clipped_surrogate(
-        log_prob, old_log_prob, advantages,
-        clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c,
-    )
-    if rollout_is_weights is not None:
-        loss_mat = loss_mat * rollout_is_weights
-    loss = aggregate_loss(
-        loss_mat, response_mask, loss_agg_mode, batch_num_tokens=batch_num_tokens,
-        global_batch_size=global_batch_size, dp_size=dp_size, loss_scale_factor=loss_scale_factor,
-    )
-    return loss, _verl_metrics(stats["clipped"], stats["dual_clipped"], stats["neg_approx_kl"], response_mask)
+def vanilla_policy_loss(*args, **kwargs) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's ``vanilla`` loss: :func:`policy_loss` (PPO's clipped surrogate with dual clip, the same arguments)
+    with verl's three metrics only (see the module docstring)."""
+    loss, metrics = policy_loss(*args, **kwargs)
+    return loss, {name: metrics[name] for name in VERL_LOSS_METRICS}
 
 
 _GSPO_LOG_RATIO_MAX = 10.0  # verl's clamp of log s_{i,t}
@@ -301,12 +267,8 @@ def gspo_policy_loss(
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.28,
     clip_ratio_c: float = 3.0,  # unused: GSPO has no dual clip (kept for the common signature)
-    loss_agg_mode: str = "token-mean",
-    batch_num_tokens: float | torch.Tensor | None = None,
-    global_batch_size: int | None = None,
-    dp_size: int = 1,
-    loss_scale_factor: float | None = None,
     rollout_is_weights: torch.Tensor | None = None,  # [N, T] or None
+    **aggregation,  # loss_agg_mode, batch_num_tokens, global_batch_size, dp_size, loss_scale_factor: aggregate_loss's
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO's sequence-level clipped surrogate (arXiv 2507.18071; see the module docstring for the formula)."""
     mask = response_mask.to(log_prob.dtype)  # [N, T]
@@ -320,11 +282,14 @@ def gspo_policy_loss(
     loss_mat = torch.maximum(unclipped, clipped)  # [N, T]
     if rollout_is_weights is not None:
         loss_mat = loss_mat * rollout_is_weights
-    loss = aggregate_loss(
-        loss_mat, response_mask, loss_agg_mode, batch_num_tokens=batch_num_tokens,
-        global_batch_size=global_batch_size, dp_size=dp_size, loss_scale_factor=loss_scale_factor,
-    )
-    return loss, _verl_metrics(clipped > unclipped, 0.0, log_ratio.detach(), response_mask)
+    loss = aggregate_loss(loss_mat, response_mask, **aggregation)
+    with torch.no_grad():
+        metrics = {
+            "actor/pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask).item(),
+            "actor/ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item(),
+            "actor/pg_clipfrac_lower": 0.0,  # no dual clip
+        }
+    return loss, metrics
 
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]

@@ -126,7 +126,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -244,26 +244,15 @@ class BatchFiller:
             raise ConfigError(
                 f"data.gen_batch_size must be >= 1, got {gen_batch_size}; DAPO uses 3x data.train_batch_size"
             )
-        FilterSettings(max_num_gen_batches=max_num_gen_batches)
-        SamplingSettings(
+        self.max_num_gen_batches = FilterSettings(max_num_gen_batches=max_num_gen_batches).max_num_gen_batches
+        settings = SamplingSettings(
             train_batch_size, gen_batch_size, adaptive, min_gen_batch_size, safety_margin, carry_over, max_carry_age,
             skip_saturated, saturation_window, reprobe_after, kept_frac_decay,
         )
+        for name, value in asdict(settings).items():  # train_batch_size, gen_batch_size, adaptive, ...
+            setattr(self, name, value)
         if min_gen_batch_size is None:
-            min_gen_batch_size = min(gen_batch_size, math.ceil(train_batch_size / 4))
-
-        self.train_batch_size = train_batch_size
-        self.gen_batch_size = gen_batch_size
-        self.max_num_gen_batches = max_num_gen_batches
-        self.adaptive = adaptive
-        self.min_gen_batch_size = min_gen_batch_size
-        self.safety_margin = safety_margin
-        self.carry_over = carry_over
-        self.max_carry_age = max_carry_age
-        self.skip_saturated = skip_saturated
-        self.saturation_window = saturation_window
-        self.reprobe_after = reprobe_after
-        self.kept_frac_decay = kept_frac_decay
+            self.min_gen_batch_size = min(gen_batch_size, math.ceil(train_batch_size / 4))
 
         # kept-fraction estimator: discounted kept / discounted generated, over rounds and steps
         self._kept_num = 0.0

@@ -118,7 +118,7 @@ def test_filter_metrics_of_the_table_accepted_by_both_engines(tiny_run, metric):
     cfg = verl_config(override)
     assert check_dapo_config(cfg).filter.metric == metric
     kwargs = OmegaConf.to_container(cfg.trainer.v1.sampler.sampler_kwargs, resolve=True)
-    assert DynamicSamplingSettings.from_kwargs(kwargs).metric == metric
+    assert DynamicSamplingSettings.from_kwargs(kwargs).filter.metric == metric
 
 
 def test_sampling_defaults_are_one_set(tiny_run):

@@ -66,22 +66,6 @@ class DynamicSamplingSettings:
     filter: FilterSettings
     sampling: SamplingSettings
 
-    @property
-    def enable(self) -> bool:
-        return self.filter.enable
-
-    @property
-    def metric(self) -> str:
-        return self.filter.metric
-
-    @property
-    def gen_batch_size(self) -> int:
-        return self.sampling.gen_batch_size
-
-    @property
-    def train_batch_size(self) -> int:
-        return self.sampling.train_batch_size
-
     @staticmethod
     def config_of(sampler_kwargs: Any) -> dict:
         """The sampler kwargs as the composed config they were interpolated from (the keys the settings read)."""
@@ -163,7 +147,7 @@ class DAPOReplayBuffer(ReplayBuffer):
         # verl's own group filter stays off (filter_groups_metric=None): the rounds below replace it
         super().__init__(sampler_kwargs=sampler_kwargs, **kwargs)
         self.settings = DynamicSamplingSettings.from_kwargs(sampler_kwargs)
-        self.filler = self.settings.make_filler() if self.settings.enable else None
+        self.filler = self.settings.make_filler() if self.settings.filter.enable else None
         self._carried: set[str] = set()  # uids of kept groups left in the TransferQueue for the next step
         if self.filler is not None and self.refill_fn is None:
             raise ValueError("DAPOReplayBuffer needs the trainer's refill_fn to generate further rounds")
@@ -171,9 +155,9 @@ class DAPOReplayBuffer(ReplayBuffer):
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         if partition_id == "val" or self.filler is None:
             return super().sample(global_steps, partition_id, batch_size)
-        if batch_size != self.settings.train_batch_size:
+        if batch_size != self.settings.sampling.train_batch_size:
             raise ValueError(
-                f"the DAPO sampler fills batches of data.train_batch_size={self.settings.train_batch_size} groups, "
+                f"the DAPO sampler fills batches of data.train_batch_size={self.settings.sampling.train_batch_size} groups, "
                 f"the trainer asked for {batch_size}; DAPO trains synchronously (trainer.v1.trainer_mode=dapo, one "
                 "update per rollout step)"
             )
@@ -260,7 +244,7 @@ class DAPOReplayBuffer(ReplayBuffer):
         for value in data["extra_fields"]:
             fields = getattr(value, "data", value)
             infos.append(dict(fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}))
-        metric = self.settings.metric
+        metric = self.settings.filter.metric
         missing = sorted({key.split("_")[0] for key, info in zip(keys, infos) if metric not in info})
         if missing:
             raise RuntimeError(
