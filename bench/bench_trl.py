@@ -38,7 +38,6 @@ of the start model if it is not cached); --quick: 6 steps, every 3, 64 held-out 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -50,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import print_table, write_json
+from bench.common import parser, print_table, write_json
 from dapo.settings import eos_token_ids
 
 CONTENDERS = ("ours", "trl")
@@ -376,9 +375,8 @@ def report(fig: dict, settings: dict) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, repeats=False)
     p.add_argument("overrides", nargs="*", help="engine config overrides (key=value, verl's names), applied to both")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.add_argument("--quick", action="store_true",
                    help="6 rollout steps, evaluated every 3 on 64 held-out problems (about 2 minutes)")
     p.add_argument("--steps", type=int, default=None, help="rollout steps per contender")
