@@ -66,6 +66,7 @@ LOSS_AGG_MODES = (
 )
 
 _LOG_RATIO_CLAMP = 20.0
+CLIP_RATIO_C = 3.0  # the dual-clip bound's default (verl's; the paper's 32B run sets 10), used by every default below
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -81,7 +82,7 @@ def clipped_surrogate(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float = CLIP_RATIO_C,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token clipped surrogate loss with decoupled clip and dual clip.
 
@@ -98,7 +99,7 @@ def clipped_surrogate(
     if clip_ratio_c <= 1.0:
         raise ValueError(
             f"clip_ratio_c must be > 1 (dual clip lower bound), got {clip_ratio_c}; "
-            "set actor_rollout_ref.actor.clip_ratio_c=3.0 (verl's default) or 10.0 (the paper's 32B run)"
+            f"set actor_rollout_ref.actor.clip_ratio_c={CLIP_RATIO_C} (verl's default) or 10.0 (the paper's 32B run)"
         )
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T]
@@ -201,7 +202,7 @@ def policy_loss(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float = CLIP_RATIO_C,
     loss_agg_mode: str = "token-mean",
     batch_num_tokens: float | torch.Tensor | None = None,
     global_batch_size: int | None = None,
@@ -266,7 +267,7 @@ def gspo_policy_loss(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,  # unused: GSPO has no dual clip (kept for the common signature)
+    clip_ratio_c: float = CLIP_RATIO_C,  # unused: GSPO has no dual clip (kept for the common signature)
     rollout_is_weights: torch.Tensor | None = None,  # [N, T] or None
     **aggregation,  # loss_agg_mode, batch_num_tokens, global_batch_size, dp_size, loss_scale_factor: aggregate_loss's
 ) -> tuple[torch.Tensor, dict[str, float]]:

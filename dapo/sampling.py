@@ -392,7 +392,9 @@ class BatchFiller:
         kept_indices = kept.nonzero().flatten().tolist()
         payloads = groups(kept_indices) if callable(groups) else [groups[i] for i in kept_indices]
         if len(payloads) != len(kept_indices):
-            raise ValueError(f"the payload function returned {len(payloads)} payloads for {len(kept_indices)} kept groups")
+            raise ValueError(
+                f"the payload function returned {len(payloads)} payloads for {len(kept_indices)} kept groups"
+            )
         self._ready.extend((payload, self._version) for payload in payloads)
 
         self._step["generated"] += num_prompts

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from dapo.loss import LOSS_AGG_MODES, LOSS_MODES
+from dapo.loss import CLIP_RATIO_C, LOSS_AGG_MODES, LOSS_MODES
 
 
 class ConfigError(ValueError):
@@ -95,7 +95,7 @@ class LossSettings:
     loss_mode: str = field(default="dapo", metadata={"help": f"{ACTOR}.policy_loss.loss_mode: dapo, vanilla, gspo"})
     clip_ratio_low: float = field(default=0.2, metadata={"help": "eps_low: the ratio is clipped below at 1 - it"})
     clip_ratio_high: float = field(default=0.28, metadata={"help": "eps_high (Clip-Higher): clipped above at 1 + it"})
-    clip_ratio_c: float = field(default=3.0, metadata={"help": "dual-clip bound for A < 0 (verl's default 3.0; > 1)"})
+    clip_ratio_c: float = field(default=CLIP_RATIO_C, metadata={"help": "dual-clip bound for A < 0 (> 1)"})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": "verl's agg_loss mode (DAPO: token-mean)"})
     loss_scale_factor: float | None = field(default=None, metadata={"help": "seq-mean-token-sum-norm's divisor"})
 
@@ -123,7 +123,7 @@ class LossSettings:
         if self.clip_ratio_c <= 1.0:
             raise ConfigError(
                 f"{ACTOR}.clip_ratio_c must be > 1 (dual clip lower bound), got {self.clip_ratio_c}; "
-                "set it to 3.0 (verl's default) or 10.0 (the paper's 32B run)"
+                f"set it to {CLIP_RATIO_C} (verl's default) or 10.0 (the paper's 32B run)"
             )
         if self.loss_scale_factor is not None and not self.loss_scale_factor > 0:
             raise ConfigError(f"{ACTOR}.loss_scale_factor must be > 0 or null, got {self.loss_scale_factor}")
@@ -141,7 +141,8 @@ class LossSettings:
         return cls(
             loss_mode=str(select(actor, "policy_loss.loss_mode", d["loss_mode"].default)),
             clip_ratio_low=check_float(f"{ACTOR}.clip_ratio_low", d["clip_ratio_low"].default if low is None else low),
-            clip_ratio_high=check_float(f"{ACTOR}.clip_ratio_high", d["clip_ratio_high"].default if high is None else high),
+            clip_ratio_high=check_float(f"{ACTOR}.clip_ratio_high",
+                                        d["clip_ratio_high"].default if high is None else high),
             clip_ratio_c=check_float(f"{ACTOR}.clip_ratio_c", select(actor, "clip_ratio_c", d["clip_ratio_c"].default)),
             loss_agg_mode=str(select(actor, "loss_agg_mode", d["loss_agg_mode"].default)),
             loss_scale_factor=None if factor is None else check_float(f"{ACTOR}.loss_scale_factor", factor),
@@ -230,7 +231,9 @@ class SamplingSettings:
                 f"{self.min_gen_batch_size}; leave it null for ceil(data.train_batch_size / 4)"
             )
         if not (self.safety_margin >= 0 and math.isfinite(self.safety_margin)):
-            raise ConfigError(f"{s}.safety_margin must be a finite number >= 0 (0.25 = 25% extra), got {self.safety_margin}")
+            raise ConfigError(
+                f"{s}.safety_margin must be a finite number >= 0 (0.25 = 25% extra), got {self.safety_margin}"
+            )
         if self.max_carry_age < 0:
             raise ConfigError(f"{s}.max_carry_age must be >= 0 policy versions, got {self.max_carry_age}")
         if self.saturation_window < 1:
@@ -314,16 +317,20 @@ class OverlongSettings:
         buffer_len = select(config, f"{key}.overlong_buffer_cfg.len")
         return cls(
             filter=check_bool("dapo.overlong_filter", select(config, "dapo.overlong_filter", False)),
-            buffer_enable=check_bool(f"{key}.overlong_buffer_cfg.enable", select(config, f"{key}.overlong_buffer_cfg.enable", False)),
+            buffer_enable=check_bool(f"{key}.overlong_buffer_cfg.enable",
+                                     select(config, f"{key}.overlong_buffer_cfg.enable", False)),
             max_resp_len=None if max_resp_len is None else check_int(f"{key}.max_resp_len", max_resp_len, minimum=1),
-            buffer_len=None if buffer_len is None else check_int(f"{key}.overlong_buffer_cfg.len", buffer_len, minimum=0),
+            buffer_len=None if buffer_len is None
+            else check_int(f"{key}.overlong_buffer_cfg.len", buffer_len, minimum=0),
             penalty_factor=check_float(f"{key}.overlong_buffer_cfg.penalty_factor",
                                   select(config, f"{key}.overlong_buffer_cfg.penalty_factor", 1.0)),
             log=check_bool(f"{key}.overlong_buffer_cfg.log", select(config, f"{key}.overlong_buffer_cfg.log", False)),
         )
 
 
-def eos_token_ids(tokenizer_eos: int | Sequence[int] | None, generation_eos: int | Sequence[int] | None) -> tuple[int, ...]:
+def eos_token_ids(
+    tokenizer_eos: int | Sequence[int] | None, generation_eos: int | Sequence[int] | None
+) -> tuple[int, ...]:
     """The tokens that end a response: the tokenizer's ``eos_token_id`` plus the generation config's (sorted).
 
     An instruct model often stops on two tokens (e.g. ``<|im_end|>`` in its generation config, ``<|endoftext|>`` as

@@ -124,7 +124,8 @@ def test_filter_metrics_of_the_table_accepted_by_both_engines(tiny_run, metric):
 def test_sampling_defaults_are_one_set(tiny_run):
     # with the yaml's values removed, each engine's filler takes the defaults: one set, safety_margin 0.25
     delete = [f"~dapo.sampling.{name}" for name in ("safety_margin", "max_carry_age", "saturation_window")]
-    embedded = BatchFiller.from_settings(*(lambda d: (d.sampling, d.filter))(read_config(compose([*tiny_run(), *delete])).dapo))
+    settings = read_config(compose([*tiny_run(), *delete])).dapo
+    embedded = BatchFiller.from_settings(settings.sampling, settings.filter)
     cfg = verl_config(*delete)
     verl = DynamicSamplingSettings.from_kwargs(
         OmegaConf.to_container(cfg.trainer.v1.sampler.sampler_kwargs, resolve=True)

@@ -97,7 +97,8 @@ class DynamicSamplingSettings:
             raise ConfigError(
                 f"data.gen_batch_size={sampling.gen_batch_size} < data.train_batch_size={sampling.train_batch_size}: "
                 "verl's trainer submits a whole train batch of prompts before sampling, so a round cannot be smaller; "
-                f"set data.gen_batch_size >= {sampling.train_batch_size} (the paper: 3x, {3 * sampling.train_batch_size})"
+                f"set data.gen_batch_size >= {sampling.train_batch_size} "
+                f"(the paper: 3x, {3 * sampling.train_batch_size})"
             )
         if sampling.skip_saturated:
             raise ConfigError(
@@ -157,7 +158,8 @@ class DAPOReplayBuffer(ReplayBuffer):
             return super().sample(global_steps, partition_id, batch_size)
         if batch_size != self.settings.sampling.train_batch_size:
             raise ValueError(
-                f"the DAPO sampler fills batches of data.train_batch_size={self.settings.sampling.train_batch_size} groups, "
+                f"the DAPO sampler fills batches of data.train_batch_size={self.settings.sampling.train_batch_size} "
+                "groups, "
                 f"the trainer asked for {batch_size}; DAPO trains synchronously (trainer.v1.trainer_mode=dapo, one "
                 "update per rollout step)"
             )

@@ -14,8 +14,9 @@ the paper; ``actor/entropy`` (computed with the old log-probs) also covers every
 
 A response is truncated when it reached ``actor_rollout_ref.rollout.response_length`` tokens without an
 end-of-sequence token (:func:`dapo.loss.truncated_responses`), the end-of-sequence set being the tokenizer's EOS
-plus the model's generation config's (:func:`dapo.settings.eos_token_ids`, the embedded engine's rule too). Metric: ``dapo/overlong_frac``, the fraction of the
-step's trained responses that were truncated (masked out when ``dapo.overlong_filter=true``).
+plus the model's generation config's (:func:`dapo.settings.eos_token_ids`, the embedded engine's rule too).
+Metric: ``dapo/overlong_frac``, the fraction of the step's trained responses that were truncated (masked out when
+``dapo.overlong_filter=true``).
 
 Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.sampler.custom_sampler``).
 """

@@ -3,9 +3,10 @@
 The engine reads the Hydra config in one place, here, and validates it with errors that name the key to set.
 Everything else in the engine takes these plain values. What DAPO decides (the loss, dynamic sampling, overlong
 filtering and shaping) is :class:`dapo.settings.DapoSettings`, built from the config exactly as the verl engine
-builds it; the rest (model, data, rollout, optimizer, trainer) is read here. Meanings are verl's: ``data.train_batch_size`` and
-``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n`` responses), while
-``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count responses.
+builds it; the rest (model, data, rollout, optimizer, trainer) is read here. Meanings are verl's:
+``data.train_batch_size`` and ``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n``
+responses), while ``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count
+responses.
 """
 
 from __future__ import annotations
