@@ -62,7 +62,6 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
