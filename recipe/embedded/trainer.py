@@ -149,14 +149,9 @@ def run(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> Path:
 
     start_step, wandb_id = 0, None
     if resume_from is not None:
-        state = checkpoint.load_state(resume_from)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["data"])
-        if filler is not None and state.get("filler") is not None:
-            filler.load_state_dict(state["filler"])
-        checkpoint.set_rng_state(state["rng"])
-        start_step, wandb_id = int(state["global_step"]), state.get("wandb_id")
+        start_step, wandb_id = checkpoint.restore_training_state(
+            checkpoint.load_state(resume_from), optimizer, scheduler, stream, filler
+        )
         print(f"resumed from {resume_from} (step {start_step})")
         if start_step >= total_steps and not c.val_only:
             _finished_message(c, resume_from, start_step, total_steps)
@@ -194,11 +189,7 @@ def run(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> Path:
         monitor.log(step, metrics)  # before the checkpoint: a resumed run drops records after its checkpoint
         monitor.progress(step, metrics)
         if c.save_freq > 0 and (step % c.save_freq == 0 or last):
-            state = {
-                "global_step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": checkpoint.rng_state(), "data": stream.state_dict(),
-                "filler": None if filler is None else filler.state_dict(), "wandb_id": monitor.wandb_id,
-            }
+            state = checkpoint.training_state(step, optimizer, scheduler, stream, filler, monitor.wandb_id)
             checkpoint.save_checkpoint(run_dir, step, policy.model, policy.tokenizer, state, c.max_ckpt_to_keep,
                                        identity=identity)
 
