@@ -44,7 +44,6 @@ problems every 4 steps, about 3 minutes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -56,7 +55,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from bench.common import print_table, write_json
+from bench.common import parser, print_table, write_json
 
 CONFIG_NAME = "ablation"
 ACTOR = "actor_rollout_ref.actor"
@@ -344,14 +343,12 @@ def write_report(out: Path, figures: dict, headers, body, command: str, plots: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__.split("\n\n")[0], repeats=False)
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (verl's names)")
     p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: about 3 minutes")
     p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 3; --quick 2)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at a time (one torch thread each)")
     p.add_argument("--out", type=Path, default=Path("bench/results/ablation"), help="run directories and report")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.add_argument("--target", type=float, default=None,
                    help="target validation accuracy (default: start + 0.8 x the best row's gain)")
     p.add_argument("--fresh", action="store_true", help="delete earlier runs under --out instead of reusing them")

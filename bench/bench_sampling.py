@@ -62,12 +62,11 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.common import print_table, write_json
+from bench.common import parser, print_table, write_json
 from dapo.sampling import BatchFiller
 
 ATTEMPTS = 2
@@ -382,8 +381,7 @@ def report(name: str, result: dict) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p = parser(__doc__, repeats=False)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--steps", type=int, default=200, help="train steps per simulated run")
     p.add_argument("--worlds", nargs="+", default=list(WORLDS), choices=list(WORLDS),

@@ -39,7 +39,6 @@ of the start model if it is not cached); --quick: 6 steps, every 3, 64 held-out 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -51,7 +50,8 @@ from pathlib import Path
 
 import torch
 
-from bench.common import print_table, write_json
+from bench.common import parser, print_table, write_json
+from dapo.settings import eos_token_ids
 
 CONTENDERS = ("ours", "trl")
 PRESETS = {  # rollout steps, steps between snapshots, engine overrides (both read them)
@@ -178,19 +178,11 @@ def train_ours(cfg, c, spec: dict, turns: Turns) -> dict:
     from recipe.embedded import trainer
     from recipe.embedded.monitor import read_metrics
 
-    # The engine has no per-step hook: wrap its step method (the loop calls it once per rollout step, and times
-    # the step inside it) so that it takes its turn first. Needs recipe.embedded.trainer._Trainer.step.
-    step_method = getattr(getattr(trainer, "_Trainer", None), "step", None)
-    if step_method is None:
-        raise SystemExit("bench_trl: recipe.embedded.trainer._Trainer.step is gone; the alternation needs a "
-                         "per-step hook of the engine (see train_ours in bench/bench_trl.py)")
+    class TakeTurns(trainer.Callback):  # each rollout step waits for its turn (outside the step's timing)
+        def on_step_begin(self, step: int) -> None:
+            turns.take("ours")
 
-    def step_in_turn(self, *args, **kwargs):
-        turns.take("ours")
-        return step_method(self, *args, **kwargs)
-
-    trainer._Trainer.step = step_in_turn
-    run_dir = trainer.run(cfg)
+    run_dir = trainer.run(cfg, callbacks=[TakeTurns()])
     records = [r for r in read_metrics(run_dir) if r.get("timing_s/step") is not None]
     return {
         "rollout_s": [r["timing_s/step"] for r in records],
@@ -273,17 +265,14 @@ class Evaluator:
 
         c, tok = self.c, self.tokenizer
         model = self.load(weights)
-        eos = {tok.eos_token_id}
-        gen_eos = model.generation_config.eos_token_id
-        eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-        eos.discard(None)
+        eos = eos_token_ids(tok.eos_token_id, model.generation_config.eos_token_id)  # the engines' rule
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
         params = SamplingParams(c.val_do_sample, c.val_temperature, c.val_top_p, c.val_top_k)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             ids, mask = generate(
                 model, self.val.prompt_ids, n=c.val_n, params=params, max_new_tokens=c.max_response_length,
-                eos_ids=torch.tensor(sorted(eos)), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
+                eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
             )  # [V*k, T]
         truths = [t for t in self.val.ground_truths for _ in range(c.val_n)]
         correct = [
@@ -392,9 +381,8 @@ def report(fig: dict, settings: dict) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, repeats=False)
     p.add_argument("overrides", nargs="*", help="engine config overrides (key=value, verl's names), applied to both")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.add_argument("--quick", action="store_true",
                    help="6 rollout steps, evaluated every 3 on 64 held-out problems (about 2 minutes)")
     p.add_argument("--steps", type=int, default=None, help="rollout steps per contender")
@@ -443,7 +431,7 @@ def main() -> None:
                     "train_batch_size": c.train_batch_size, "gen_batch_size": c.gen_batch_size,
                     "ppo_mini_batch_size": c.ppo_mini_batch_size, "max_response_length": c.max_response_length,
                     "lr": c.lr, "val_n": c.val_n, "val_top_p": c.val_top_p, "overrides": args.overrides,
-                    "filter_groups": c.filter_groups, "preset": "quick" if args.quick else "default"}
+                    "filter_groups": c.dapo.filter.enable, "preset": "quick" if args.quick else "default"}
         report(fig, settings)
         write_json(args.json, {**fig, "settings": settings})
 

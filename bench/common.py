@@ -10,10 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+def parser(description: str, *, repeats: bool = True) -> argparse.ArgumentParser:
+    """Every bench's command line: its docstring as the help (kept as written), ``--json``, and ``--repeats`` for the
+    timing benches (``repeats=False`` for those that run training instead of timing calls)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
-    p.add_argument("--repeats", type=int, default=15, help="timed repetitions per contender (interleaved)")
+    if repeats:
+        p.add_argument("--repeats", type=int, default=15, help="timed repetitions per contender (interleaved)")
     return p
 
 

@@ -87,10 +87,10 @@ def trl_grpo_kwargs(c, output_dir: str, rollout_steps: int) -> dict:
         shuffle_dataset=c.shuffle,
         # DAPO
         loss_type="dapo",
-        epsilon=c.clip_ratio_low,
-        epsilon_high=c.clip_ratio_high,
+        epsilon=c.dapo.loss.clip_ratio_low,
+        epsilon_high=c.dapo.loss.clip_ratio_high,
         beta=0.0,
-        mask_truncated_completions=c.overlong_filter,
+        mask_truncated_completions=c.dapo.overlong.filter,
         scale_rewards="group" if c.norm_adv_by_std_in_grpo else "none",
         # optimisation (the optimizer and schedule themselves are passed in, see run_worker)
         learning_rate=c.lr,
@@ -145,17 +145,18 @@ def reward_funcs(c) -> tuple[list, list[float]]:
     """(reward functions, weights): the DAPO score plus, when on, TRL's soft overlong punishment, checked equal
     to ours (``dapo.shaping.overlong_penalty``) for every length up to max_resp_len + 2."""
     funcs, weights = [DapoScore(c)], [1.0]
-    if c.overlong_buffer:
+    o = c.dapo.overlong
+    if o.buffer_enable:
         from trl.rewards import get_soft_overlong_punishment
 
-        punish = get_soft_overlong_punishment(c.max_resp_len, c.overlong_buffer_len)
-        lengths = list(range(c.max_resp_len + 3))
-        theirs = torch.tensor(punish([[0] * n for n in lengths])) * c.overlong_penalty_factor
-        ours = overlong_penalty(torch.tensor(lengths), max_resp_len=c.max_resp_len,
-                                overlong_buffer_len=c.overlong_buffer_len, penalty_factor=c.overlong_penalty_factor)
+        punish = get_soft_overlong_punishment(o.max_resp_len, o.buffer_len)
+        lengths = list(range(o.max_resp_len + 3))
+        theirs = torch.tensor(punish([[0] * n for n in lengths])) * o.penalty_factor
+        ours = overlong_penalty(torch.tensor(lengths), max_resp_len=o.max_resp_len,
+                                overlong_buffer_len=o.buffer_len, penalty_factor=o.penalty_factor)
         torch.testing.assert_close(theirs, ours)  # same shaping for every length
         funcs.append(punish)
-        weights.append(c.overlong_penalty_factor)
+        weights.append(o.penalty_factor)
     return funcs, weights
 
 

@@ -29,11 +29,31 @@ Deliberate deviations from the paper, all shared with verl 0.9.1 so both engines
 
 Every other ``loss_agg_mode`` of verl is offered with verl's formulas, for ablations (``seq-mean-token-mean``
 is GRPO's per-sequence average, Table 1's "naive GRPO").
+
+Loss modes (``actor_rollout_ref.actor.policy_loss.loss_mode``, the table :data:`LOSS_MODES`; both engines dispatch
+on it, the verl plugin registers from it):
+
+* ``dapo``: :func:`policy_loss`, the above.
+* ``vanilla``: :func:`vanilla_policy_loss`, verl's PPO clipped surrogate (``compute_policy_loss_vanilla``): the same
+  per-token formula as ``dapo``, with verl's three metrics only. Symmetric (GRPO's clip) when
+  ``clip_ratio_low == clip_ratio_high``, as in verl's defaults (0.2 / 0.2) and the ablation's naive row; DAPO's
+  Clip-Higher is a config value, not another formula, so ``dapo`` and ``vanilla`` give the same loss on any batch
+  with a valid token (upstream's DAPO recipe trains with verl's ``vanilla``).
+* ``gspo``: :func:`gspo_policy_loss`, GSPO (Zheng et al. 2025, arXiv 2507.18071, Eq. 5-7): the importance ratio
+  of a response is the geometric mean of its token ratios, ``s_i = exp(mean_t log r_{i,t})``, clipped as a whole,
+  so every token of a response shares one ratio and one clip decision. As in verl 0.9.1 (``compute_policy_loss_gspo``):
+  the gradient flows per token through ``s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)]``, ``log s`` is clamped at 10,
+  there is no dual clip (``clip_ratio_c`` is unused), and the aggregation is ``loss_agg_mode`` (the GSPO paper's is
+  ``seq-mean-token-mean``; with token-mean a long response weighs more). GSPO's clip range is about 1e-3, not 0.2:
+  set ``clip_ratio_low`` / ``clip_ratio_high`` for it (the paper: 3e-4 / 4e-4).
+
+On verl, ``vanilla`` and ``gspo`` are verl's own registry entries: the plugin registers only the names verl lacks
+(``dapo``), and tests check that verl's ``vanilla`` and ``gspo`` equal these functions on random inputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -46,6 +66,7 @@ LOSS_AGG_MODES = (
 )
 
 _LOG_RATIO_CLAMP = 20.0
+CLIP_RATIO_C = 3.0  # the dual-clip bound's default (verl's; the paper's 32B run sets 10), used by every default below
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -61,7 +82,7 @@ def clipped_surrogate(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float = CLIP_RATIO_C,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token clipped surrogate loss with decoupled clip and dual clip.
 
@@ -78,7 +99,7 @@ def clipped_surrogate(
     if clip_ratio_c <= 1.0:
         raise ValueError(
             f"clip_ratio_c must be > 1 (dual clip lower bound), got {clip_ratio_c}; "
-            "set actor_rollout_ref.actor.clip_ratio_c=3.0 (verl's default) or 10.0 (the paper's 32B run)"
+            f"set actor_rollout_ref.actor.clip_ratio_c={CLIP_RATIO_C} (verl's default) or 10.0 (the paper's 32B run)"
         )
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T]
@@ -181,7 +202,7 @@ def policy_loss(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
+    clip_ratio_c: float = CLIP_RATIO_C,
     loss_agg_mode: str = "token-mean",
     batch_num_tokens: float | torch.Tensor | None = None,
     global_batch_size: int | None = None,
@@ -223,3 +244,59 @@ def policy_loss(
         means = (per_token @ flat_mask) / flat_mask.sum().clamp(min=1.0)  # [5]
         metrics = dict(zip(names, means.tolist()))
     return loss, metrics
+
+
+VERL_LOSS_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")  # what verl's losses log
+
+
+def vanilla_policy_loss(*args, **kwargs) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's ``vanilla`` loss: :func:`policy_loss` (PPO's clipped surrogate with dual clip, the same arguments)
+    with verl's three metrics only (see the module docstring)."""
+    loss, metrics = policy_loss(*args, **kwargs)
+    return loss, {name: metrics[name] for name in VERL_LOSS_METRICS}
+
+
+_GSPO_LOG_RATIO_MAX = 10.0  # verl's clamp of log s_{i,t}
+
+
+def gspo_policy_loss(
+    log_prob: torch.Tensor,  # [N, T]
+    old_log_prob: torch.Tensor,  # [N, T]
+    advantages: torch.Tensor,  # [N, T]
+    response_mask: torch.Tensor,  # [N, T]
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.28,
+    clip_ratio_c: float = CLIP_RATIO_C,  # unused: GSPO has no dual clip (kept for the common signature)
+    rollout_is_weights: torch.Tensor | None = None,  # [N, T] or None
+    **aggregation,  # loss_agg_mode, batch_num_tokens, global_batch_size, dp_size, loss_scale_factor: aggregate_loss's
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO's sequence-level clipped surrogate (arXiv 2507.18071; see the module docstring for the formula)."""
+    mask = response_mask.to(log_prob.dtype)  # [N, T]
+    log_ratio = log_prob - old_log_prob  # [N, T]
+    seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # [N]  log s_i
+    # log s_{i,t} = sg[log s_i] + log pi(y_t) - sg[log pi(y_t)]: value log s_i, gradient that of log pi(y_t)
+    log_seq_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)  # [N, T]
+    ratio = torch.exp(torch.clamp(log_seq_ratio, max=_GSPO_LOG_RATIO_MAX))  # [N, T]
+    unclipped = -advantages * ratio  # [N, T]
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)  # [N, T]
+    loss_mat = torch.maximum(unclipped, clipped)  # [N, T]
+    if rollout_is_weights is not None:
+        loss_mat = loss_mat * rollout_is_weights
+    loss = aggregate_loss(loss_mat, response_mask, **aggregation)
+    with torch.no_grad():
+        metrics = {
+            "actor/pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask).item(),
+            "actor/ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item(),
+            "actor/pg_clipfrac_lower": 0.0,  # no dual clip
+        }
+    return loss, metrics
+
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+# actor_rollout_ref.actor.policy_loss.loss_mode -> the loss; every entry takes policy_loss's arguments
+LOSS_MODES: dict[str, PolicyLossFn] = {
+    "dapo": policy_loss,
+    "vanilla": vanilla_policy_loss,
+    "gspo": gspo_policy_loss,
+}

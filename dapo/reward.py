@@ -71,7 +71,15 @@ import sys
 import threading
 import time
 
-__all__ = ["INVALID", "compute_score", "extract_answer", "normalize_final_answer", "shutdown_math_verify"]
+__all__ = ["DAPO_INSTRUCTION", "INVALID", "compute_score", "extract_answer", "normalize_final_answer", "shutdown_math_verify"]
+
+# The instruction of DAPO-Math-17k and AIME 2024 as its authors prepared them (BytedTsinghua-SIA), verbatim: the
+# prompt asks for the "Answer:" line this scorer reads. Format with problem=...
+DAPO_INSTRUCTION = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,14 @@ engines drive the same way::
         # draw candidates from the data loader, keep those filler.admit(keys) accepts, until n are accepted
         # (bound the draws, e.g. one epoch; every offer counts toward a skipped prompt's re-probe)
         groups, acc = generate_and_score(prompts)    # one opaque payload per prompt, acc: [n, G]
-        filler.add_round(groups, acc, keys)
+        kept = filler.add_round(groups, acc, keys)   # [n] bool: the groups it kept (the one keep/drop decision)
     batch, metrics = filler.end_step()               # exactly train_batch_size payloads
     versions = filler.last_batch_versions            # policy version each payload was generated under
+
+``groups`` may also be a function ``groups(kept_indices) -> payloads`` that builds the payloads of the kept groups
+only (an engine that computes log-probabilities per payload then spends nothing on dropped groups).
+:attr:`BatchFiller.ready_payloads` and :attr:`BatchFiller.carried_payloads` are read-only views of the groups in
+the batch being filled and of those carried to the next step.
 
 ``prompt_keys`` must identify the prompt *content* (e.g. ``extra_info.index`` or a hash of the prompt text),
 not a per-sample uid, so that the duplicated rows of DAPO-Math-17k share one saturation history.
@@ -120,11 +125,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 import torch
+
+from dapo.settings import ConfigError, FilterSettings, SamplingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -218,61 +225,34 @@ class BatchFiller:
         self,
         train_batch_size: int,
         gen_batch_size: int,
-        max_num_gen_batches: int = 0,
-        adaptive: bool = False,
-        min_gen_batch_size: int | None = None,
-        safety_margin: float = 0.25,
-        carry_over: bool = False,
-        max_carry_age: int = 1,
-        skip_saturated: bool = False,
-        saturation_window: int = 2,
-        reprobe_after: int = 4,
+        max_num_gen_batches: int = FilterSettings.max_num_gen_batches,
+        adaptive: bool = SamplingSettings.adaptive,
+        min_gen_batch_size: int | None = SamplingSettings.min_gen_batch_size,
+        safety_margin: float = SamplingSettings.safety_margin,
+        carry_over: bool = SamplingSettings.carry_over,
+        max_carry_age: int = SamplingSettings.max_carry_age,
+        skip_saturated: bool = SamplingSettings.skip_saturated,
+        saturation_window: int = SamplingSettings.saturation_window,
+        reprobe_after: int = SamplingSettings.reprobe_after,
         *,
-        kept_frac_decay: float = 0.5,
+        kept_frac_decay: float = SamplingSettings.kept_frac_decay,
     ) -> None:
+        # the defaults and the checks are those of dapo.settings (one set for both engines)
         if train_batch_size < 1:
-            raise ValueError(f"data.train_batch_size must be >= 1, got {train_batch_size}")
+            raise ConfigError(f"data.train_batch_size must be >= 1, got {train_batch_size}")
         if gen_batch_size < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"data.gen_batch_size must be >= 1, got {gen_batch_size}; DAPO uses 3x data.train_batch_size"
             )
-        if max_num_gen_batches < 0:
-            raise ValueError(
-                f"algorithm.filter_groups.max_num_gen_batches must be >= 0 (0 = unbounded), got {max_num_gen_batches}"
-            )
+        self.max_num_gen_batches = FilterSettings(max_num_gen_batches=max_num_gen_batches).max_num_gen_batches
+        settings = SamplingSettings(
+            train_batch_size, gen_batch_size, adaptive, min_gen_batch_size, safety_margin, carry_over, max_carry_age,
+            skip_saturated, saturation_window, reprobe_after, kept_frac_decay,
+        )
+        for name, value in asdict(settings).items():  # train_batch_size, gen_batch_size, adaptive, ...
+            setattr(self, name, value)
         if min_gen_batch_size is None:
-            min_gen_batch_size = min(gen_batch_size, math.ceil(train_batch_size / 4))
-        if not 1 <= min_gen_batch_size <= gen_batch_size:
-            raise ValueError(
-                f"min_gen_batch_size must be in [1, gen_batch_size={gen_batch_size}], got {min_gen_batch_size}; "
-                "leave it unset for ceil(train_batch_size / 4)"
-            )
-        if not (safety_margin >= 0 and math.isfinite(safety_margin)):
-            raise ValueError(f"safety_margin must be a finite number >= 0 (0.1 = 10% extra), got {safety_margin}")
-        if max_carry_age < 0:
-            raise ValueError(f"max_carry_age must be >= 0 policy versions, got {max_carry_age}")
-        if saturation_window < 1:
-            raise ValueError(f"saturation_window must be >= 1 sampled groups, got {saturation_window}")
-        if reprobe_after < 1:
-            raise ValueError(
-                f"reprobe_after must be >= 1 skipped offers, got {reprobe_after}; "
-                "to never skip, set skip_saturated=False"
-            )
-        if not 0.0 <= kept_frac_decay < 1.0:
-            raise ValueError(f"kept_frac_decay must be in [0, 1), got {kept_frac_decay}")
-
-        self.train_batch_size = train_batch_size
-        self.gen_batch_size = gen_batch_size
-        self.max_num_gen_batches = max_num_gen_batches
-        self.adaptive = adaptive
-        self.min_gen_batch_size = min_gen_batch_size
-        self.safety_margin = safety_margin
-        self.carry_over = carry_over
-        self.max_carry_age = max_carry_age
-        self.skip_saturated = skip_saturated
-        self.saturation_window = saturation_window
-        self.reprobe_after = reprobe_after
-        self.kept_frac_decay = kept_frac_decay
+            self.min_gen_batch_size = min(gen_batch_size, math.ceil(train_batch_size / 4))
 
         # kept-fraction estimator: discounted kept / discounted generated, over rounds and steps
         self._kept_num = 0.0
@@ -288,6 +268,14 @@ class BatchFiller:
         self.rounds: list[RoundStats] = []
         self.last_batch_versions: list[int] = []
         self.totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
+
+    @classmethod
+    def from_settings(cls, sampling: SamplingSettings, filter_groups: FilterSettings) -> BatchFiller:
+        """The filler both engines build from :class:`dapo.settings.DapoSettings`."""
+        return cls(
+            sampling.train_batch_size, sampling.gen_batch_size, filter_groups.max_num_gen_batches,
+            **sampling.filler_options(),
+        )
 
     # ------------------------------------------------------------------ step protocol
 
@@ -352,16 +340,24 @@ class BatchFiller:
                 out.append(False)
         return out
 
-    def add_round(self, groups: Sequence[Any], acc: Any, prompt_keys: Sequence[Hashable]) -> None:
-        """Record one generated round: ``groups[i]`` is prompt ``prompt_keys[i]``'s payload, ``acc[i]`` its
-        ``[G]`` accuracies. Keeps the mixed groups; raises ``ValueError`` when the round limit is reached
-        with the batch still short."""
+    def add_round(
+        self,
+        groups: Sequence[Any] | Callable[[list[int]], Sequence[Any]],
+        acc: Any,
+        prompt_keys: Sequence[Hashable],
+    ) -> torch.Tensor:
+        """Record one generated round and return ``[B]`` bool, the groups kept (paper Eq. 11).
+
+        ``groups[i]`` is prompt ``prompt_keys[i]``'s payload, ``acc[i]`` its ``[G]`` accuracies; or ``groups`` is a
+        function of the kept indices returning their payloads, in that order. Keeps the mixed groups; raises
+        ``ValueError`` when the round limit is reached with the batch still short."""
         self._require_step("add_round")
         acc = _accuracy_matrix(acc)  # [B, G]
         num_prompts, group_size = acc.shape
-        if len(groups) != num_prompts or len(prompt_keys) != num_prompts:
+        num_payloads = num_prompts if callable(groups) else len(groups)
+        if num_payloads != num_prompts or len(prompt_keys) != num_prompts:
             raise ValueError(
-                f"add_round got {len(groups)} payloads, {len(prompt_keys)} prompt keys and accuracies for "
+                f"add_round got {num_payloads} payloads, {len(prompt_keys)} prompt keys and accuracies for "
                 f"{num_prompts} prompts; pass one payload, one key and one accuracy row per prompt"
             )
         if group_size < 2 and num_prompts > 0:
@@ -393,8 +389,13 @@ class BatchFiller:
                     entry[1] += 1
                     entry[2] = 0
 
-        for i in kept.nonzero().flatten().tolist():
-            self._ready.append((groups[i], self._version))
+        kept_indices = kept.nonzero().flatten().tolist()
+        payloads = groups(kept_indices) if callable(groups) else [groups[i] for i in kept_indices]
+        if len(payloads) != len(kept_indices):
+            raise ValueError(
+                f"the payload function returned {len(payloads)} payloads for {len(kept_indices)} kept groups"
+            )
+        self._ready.extend((payload, self._version) for payload in payloads)
 
         self._step["generated"] += num_prompts
         self._step["all_correct"] += n_correct
@@ -412,6 +413,7 @@ class BatchFiller:
 
         if self.max_num_gen_batches > 0 and len(self.rounds) >= self.max_num_gen_batches and not self.done:
             raise ValueError(self._too_many_rounds_message())
+        return kept
 
     def _too_many_rounds_message(self) -> str:
         history = ", ".join(f"{r.kept}/{r.generated}={r.kept / max(r.generated, 1):.2f}" for r in self.rounds)
@@ -486,6 +488,16 @@ class BatchFiller:
     def num_carried(self) -> int:
         """Groups waiting to be carried into the next step."""
         return len(self._carried)
+
+    @property
+    def ready_payloads(self) -> tuple[Any, ...]:
+        """The payloads of the batch being filled, in batch order (after ``begin_step``: the carried-in groups)."""
+        return tuple(p for p, _ in self._ready)
+
+    @property
+    def carried_payloads(self) -> tuple[Any, ...]:
+        """The payloads carried to the next step (after ``end_step``, with ``carry_over``), oldest first."""
+        return tuple(p for p, _ in self._carried)
 
     def _require_step(self, method: str) -> None:
         if not self._in_step:

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"dapo.engine=verl needs recipe.dapo.main_dapo.run_dapo, which cannot be imported ({err}); "
                 "install the project with its verl recipe, or use dapo.engine=embedded"
             )
-        from recipe.embedded.config import ConfigError
+        from dapo.settings import ConfigError
 
         try:
             run_dapo(cfg)

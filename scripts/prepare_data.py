@@ -35,17 +35,15 @@ from typing import Any
 
 import pandas as pd
 
+from dapo.reward import DAPO_INSTRUCTION
+
 HUB_TRAIN = "BytedTsinghua-SIA/DAPO-Math-17k"
 HUB_VAL = "BytedTsinghua-SIA/AIME-2024"
 OUT_NAMES = {"train": "dapo-math-17k.parquet", "val": "aime-2024.parquet"}
 DATA_SOURCE = "math_dapo"  # what verl's default scorer and our metrics key on (val-core/math_dapo/acc/mean@32)
 STYLE = "rule-lighteval/MATH_v2"
 # the instruction of DAPO-Math-17k and AIME 2024 (BytedTsinghua-SIA), for raw problem/answer rows
-DAPO_TEMPLATE = (
-    "Solve the following math problem step by step. The last line of your response should be of the form "
-    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
-    'Remember to put your answer on its own line after "Answer:".'
-)
+DAPO_TEMPLATE = DAPO_INSTRUCTION
 PROBLEM_KEYS = ("problem", "question")
 ANSWER_KEYS = ("answer", "ground_truth")
 

@@ -64,9 +64,11 @@ def test_every_row_is_a_valid_engine_config_with_its_techniques():
     seen = []
     for _, row in ablation.rows():
         c = read_config(compose(_row_overrides(row), ablation.CONFIG_NAME))
-        seen.append((c.overlong_filter, c.clip_ratio_high, c.overlong_buffer, c.loss_agg_mode, c.filter_groups))
+        d = c.dapo
+        seen.append((d.overlong.filter, d.loss.clip_ratio_high, d.overlong.buffer_enable, d.loss.loss_agg_mode,
+                     d.filter.enable))
         assert c.task["name"] == "addition_steps" and c.max_response_length == 28
-        assert (c.max_resp_len, c.overlong_buffer_len) == (28, 6)
+        assert (d.overlong.max_resp_len, d.overlong.buffer_len) == (28, 6)
     assert seen == [
         (False, 0.2, False, "seq-mean-token-mean", False),
         (True, 0.2, False, "seq-mean-token-mean", False),

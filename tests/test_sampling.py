@@ -453,3 +453,37 @@ def test_state_survives_torch_save_round_trip(tmp_path, mid_step):
 def test_unknown_state_format_is_refused():
     with pytest.raises(ValueError, match="format"):
         BatchFiller(train_batch_size=1, gen_batch_size=1).load_state_dict({"format": 99})
+
+
+# --------------------------------------------------------------------------- what add_round kept, read-only views
+
+
+def test_add_round_returns_what_it_kept_and_builds_only_those_payloads():
+    filler = BatchFiller(train_batch_size=2, gen_batch_size=4, carry_over=True)
+    filler.begin_step(0)
+    built = []
+
+    def build(kept: list[int]) -> list[str]:
+        built.append(list(kept))
+        return [f"g{i}" for i in kept]
+
+    # groups of 4 responses with 4, 1, 0, 2 correct: the mixed ones are 1 and 3
+    kept = filler.add_round(build, acc_rows(4, 1, 0, 2), ["a", "b", "c", "d"])
+    assert kept.tolist() == [False, True, False, True]
+    assert built == [[1, 3]]  # payloads built for the kept groups only, once
+    assert filler.ready_payloads == ("g1", "g3")
+    batch, _ = filler.end_step()
+    assert batch == ["g1", "g3"] and filler.carried_payloads == ()
+
+
+def test_views_show_carried_groups_and_cannot_change_them():
+    filler = BatchFiller(train_batch_size=1, gen_batch_size=3, carry_over=True)
+    filler.begin_step(0)
+    kept = filler.add_round(["x", "y", "z"], acc_rows(1, 3, 0), ["x", "y", "z"])  # x, y mixed; z all wrong
+    assert kept.tolist() == [True, True, False]
+    filler.end_step()
+    assert filler.carried_payloads == ("y",)  # the surplus, for the next step
+    with pytest.raises(AttributeError):
+        filler.carried_payloads.append("w")  # a tuple: a view, not the filler's list
+    filler.begin_step(1)
+    assert filler.ready_payloads == ("y",)  # carried in

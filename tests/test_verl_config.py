@@ -46,7 +46,7 @@ def test_config_composes_instantiates_and_validates(experiment):
     check_dapo_config(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
     settings = DynamicSamplingSettings.from_kwargs(resolved["trainer"]["v1"]["sampler"]["sampler_kwargs"])
-    assert settings.enable and settings.metric == "acc"
+    assert settings.filter.enable and settings.filter.metric == "acc"
     assert resolved["reward"]["reward_kwargs"]["max_resp_len"] == resolved["data"]["max_response_length"]
 
 

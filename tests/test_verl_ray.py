@@ -26,6 +26,7 @@ from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
+from dapo.settings import OverlongSettings, eos_token_ids  # noqa: E402
 from recipe.dapo.sampler import DAPOReplayBuffer  # noqa: E402
 from recipe.dapo.trainer import DAPOTrainer, apply_overlong_filter  # noqa: E402
 
@@ -298,6 +299,9 @@ def test_dapo_trainer_update_actor_masks_before_the_update(transfer_queue, enabl
     })
     trainer = DAPOTrainer.__new__(DAPOTrainer)  # the trainer's state that _update_actor reads, without Ray workers
     trainer.config, trainer.tokenizer, trainer.actor_rollout_wg = cfg, SimpleNamespace(eos_token_id=1), RecordingActor()
+    # what __init__ and _init_tokenizer derive: the overlong settings and the end-of-sequence set
+    trainer.overlong = OverlongSettings.from_config(OmegaConf.to_container(cfg))
+    trainer.eos_token_ids = eos_token_ids(trainer.tokenizer.eos_token_id, None)
     batch = put_batch([4, 4], [False, True])
     metrics = {}
     trainer._update_actor(batch, metrics)

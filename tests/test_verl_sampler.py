@@ -55,7 +55,7 @@ def test_settings_build_the_filler():
     filler = settings.make_filler()
     assert (filler.train_batch_size, filler.gen_batch_size, filler.max_num_gen_batches) == (512, 1536, 10)
     assert filler.adaptive and filler.safety_margin == 0.2
-    assert DynamicSamplingSettings.from_kwargs(kwargs(gen_batch_size=None)).gen_batch_size == 512
+    assert DynamicSamplingSettings.from_kwargs(kwargs(gen_batch_size=None)).sampling.gen_batch_size == 512
 
 
 @pytest.mark.parametrize(
@@ -79,4 +79,4 @@ def test_settings_need_their_inputs():
 
 def test_disabled_filter_accepts_anything():
     settings = DynamicSamplingSettings.from_kwargs(kwargs(enable=False, metric="reward", gen_batch_size=1))
-    assert not settings.enable
+    assert not settings.filter.enable

@@ -34,6 +34,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import recipe.dapo.plugin  # noqa: F401  registers DAPO in this (driver) process; workers load it through verl
+from dapo.settings import ConfigError, DapoSettings
 from recipe.configs_dir import config_dir
 
 PLUGIN_MODULE = "recipe.dapo.plugin"
@@ -54,28 +55,30 @@ def plugin_delivery() -> str | None:
     return None
 
 
-def check_dapo_config(config: DictConfig) -> None:
-    """Raise ``ValueError`` naming the key to set when the config cannot train DAPO on verl's V1 trainer."""
+def check_dapo_config(config: DictConfig) -> DapoSettings:
+    """The DAPO settings of ``config`` (:class:`dapo.settings.DapoSettings`, built as the embedded engine builds them);
+    raise :class:`ConfigError` naming the key to set when the config cannot train DAPO on verl's V1 trainer."""
     from recipe.dapo.sampler import DynamicSamplingSettings
     from recipe.dapo.trainer import TRAINER_MODE, require_dapo_sampler
 
+    settings = DapoSettings.from_config(OmegaConf.to_container(config, resolve=True))
     if not config.trainer.use_v1:
-        raise ValueError(
+        raise ConfigError(
             "trainer.use_v1=false selects verl's deprecated V0 RayPPOTrainer, which this recipe does not hook; "
             "set trainer.use_v1=true (verl 0.9.1's default)"
         )
     mode = config.trainer.v1.trainer_mode
-    overlong_filter = bool(OmegaConf.select(config, "dapo.overlong_filter", default=False))
+    overlong_filter = settings.overlong.filter
     if mode == TRAINER_MODE:
         require_dapo_sampler(config)
     elif mode == "sync":
         if overlong_filter:
-            raise ValueError(
+            raise ConfigError(
                 "dapo.overlong_filter=true needs the DAPO trainer, which masks truncated responses out of the loss; "
                 f"set trainer.v1.trainer_mode={TRAINER_MODE} (or dapo.overlong_filter=false for verl's sync trainer)"
             )
     else:
-        raise ValueError(
+        raise ConfigError(
             f"trainer.v1.trainer_mode={mode!r}: DAPO's dynamic sampling fills each batch from generation rounds of "
             f"the current policy, so it trains synchronously; set trainer.v1.trainer_mode={TRAINER_MODE}"
         )
@@ -90,6 +93,7 @@ def check_dapo_config(config: DictConfig) -> None:
             f"(pip install -e <repo>) or export VERL_USE_EXTERNAL_MODULES={PLUGIN_MODULE} for a local run; "
             "scripts/train_dapo_qwen32b.sh sets it in the Ray job's runtime environment"
         )
+    return settings
 
 
 def check_inputs(config: DictConfig) -> None:
@@ -134,13 +138,14 @@ def run_dapo(config: DictConfig) -> None:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
-    # ---- setup ----
-    from recipe.embedded.config import ConfigError
-
+    # ---- setup: the DAPO settings first, as the embedded engine reads them first (the same message for a bad value)
+    try:
+        check_dapo_config(config)
+    except ValueError as err:  # ConfigError already, or a check naming the key (require_dapo_sampler)
+        raise ConfigError(str(err).strip()) from None
     check_inputs(config)
     auto_set_device(config)
     try:
-        check_dapo_config(config)
         validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     except (ValueError, AssertionError) as err:  # verl's checks name the key; say it in one line
         raise ConfigError(f"{err}".strip() or f"verl's validate_config rejected the config ({type(err).__name__})") \
@@ -151,8 +156,6 @@ def run_dapo(config: DictConfig) -> None:
 
 @hydra.main(config_path=str(config_dir()), config_name="dapo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    from recipe.embedded.config import ConfigError
-
     try:
         run_dapo(config)
     except ConfigError as err:  # bad input: one line naming the fix, no traceback

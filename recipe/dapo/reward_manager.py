@@ -22,7 +22,8 @@ Where it differs from verl's, deliberately:
    is never longer than ``data.max_response_length`` in training, so this only matters for a smaller max_resp_len;
 4. ``acc`` is always present: a scorer returning a bare number gets ``acc = score > 0``, ``score = number``
    (verl writes the number into ``acc``);
-5. invalid overlong settings raise ``ValueError`` naming the key to fix (verl asserts).
+5. invalid overlong settings raise ``ValueError`` naming the key to fix (verl asserts); they are read by
+   :class:`dapo.settings.OverlongSettings`, as in the embedded engine.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 
 from dapo.reward import compute_score as dapo_compute_score
-from dapo.shaping import overlong_penalty, validate_overlong_params
+from dapo.settings import OverlongSettings
+from dapo.shaping import overlong_penalty
 
 REWARD_MANAGER_NAME = "dapo_paper"
 
@@ -57,23 +59,17 @@ class DAPOPaperRewardManager(RewardManagerBase):
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
 
-        reward_kwargs = OmegaConf.select(config, "reward.reward_kwargs", default=None) or {}
-        buffer_cfg = reward_kwargs.get("overlong_buffer_cfg", None) or {}
-        self.overlong_enable = bool(buffer_cfg.get("enable", False))
-        self.overlong_log = bool(buffer_cfg.get("log", False))
-        self.overlong_buffer_len = buffer_cfg.get("len", None)
-        self.overlong_penalty_factor = float(buffer_cfg.get("penalty_factor", 1.0))
-        max_resp_len = reward_kwargs.get("max_resp_len", None)
-        if max_resp_len is None:
-            max_resp_len = OmegaConf.select(config, "data.max_response_length", default=None)
-        self.max_resp_len = None if max_resp_len is None else int(max_resp_len)
-        if self.overlong_enable:
-            if self.overlong_buffer_len is None:
-                raise ValueError(
-                    "reward.reward_kwargs.overlong_buffer_cfg.enable=true needs overlong_buffer_cfg.len (the paper: "
-                    "4096 of 20480 tokens); set it, or disable the soft overlong punishment with enable=false"
-                )
-            validate_overlong_params(self.max_resp_len, self.overlong_buffer_len, self.overlong_penalty_factor)
+        # the same reader as the embedded engine's (dapo.settings), on the keys it reads
+        self.overlong = OverlongSettings.from_config({
+            "reward": {"reward_kwargs": OmegaConf.to_container(
+                OmegaConf.select(config, "reward.reward_kwargs", default=None) or OmegaConf.create({}), resolve=True)},
+            "data": {"max_response_length": OmegaConf.select(config, "data.max_response_length", default=None)},
+        })
+        self.overlong_enable = self.overlong.buffer_enable
+        self.overlong_log = self.overlong.log
+        self.overlong_buffer_len = self.overlong.buffer_len
+        self.overlong_penalty_factor = self.overlong.penalty_factor
+        self.max_resp_len = self.overlong.max_resp_len
 
     async def run_single(self, data: DataProto) -> dict:
         data_item = data[-1:][0]  # an agent loop with several outputs is scored on its last one, as verl does

@@ -51,78 +51,65 @@ import torch
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer
 
-from dapo.sampling import BatchFiller, keep_groups
+from dapo.sampling import BatchFiller
+from dapo.settings import ConfigError, FilterSettings, SamplingSettings
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
-# verl's names for the length-shaped reward (its built-in filter's default, "reward"): DAPO filters on accuracy
-SHAPED_REWARD_METRICS = ("reward", "seq_reward", "seq_final_reward")
-
-
 @dataclass(frozen=True)
 class DynamicSamplingSettings:
-    """``trainer.v1.sampler.sampler_kwargs``, validated. The yaml fills them by interpolation from
-    ``algorithm.filter_groups``, ``data.train_batch_size``, ``data.gen_batch_size`` and ``dapo.sampling``."""
+    """``trainer.v1.sampler.sampler_kwargs``, read into the contract's settings (:mod:`dapo.settings`). The yaml fills
+    the kwargs by interpolation from ``algorithm.filter_groups``, ``data.train_batch_size``, ``data.gen_batch_size``
+    and ``dapo.sampling``, so they are put back under those keys and read by the same code as the embedded engine."""
 
-    enable: bool
-    metric: str
-    max_num_gen_batches: int
-    train_batch_size: int
-    gen_batch_size: int
-    sampling: dict
+    filter: FilterSettings
+    sampling: SamplingSettings
 
-    @classmethod
-    def from_kwargs(cls, sampler_kwargs: Any) -> DynamicSamplingSettings:
+    @staticmethod
+    def config_of(sampler_kwargs: Any) -> dict:
+        """The sampler kwargs as the composed config they were interpolated from (the keys the settings read)."""
         kwargs = dict(sampler_kwargs or {})
         missing = [key for key in ("filter_groups", "train_batch_size") if key not in kwargs]
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"trainer.v1.sampler.sampler_kwargs lacks {missing}; the DAPO sampler reads "
                 "{filter_groups: ${algorithm.filter_groups}, train_batch_size: ${data.train_batch_size}, "
                 "gen_batch_size: ${data.gen_batch_size}, sampling: ${dapo.sampling}} (configs/dapo_trainer.yaml)"
             )
-        filter_groups = dict(kwargs["filter_groups"] or {})
-        enable = bool(filter_groups.get("enable", False))
-        metric = str(filter_groups.get("metric", "acc"))
-        max_rounds = int(filter_groups.get("max_num_gen_batches", 0) or 0)
-        train_batch_size = int(kwargs["train_batch_size"])
-        gen_batch_size = kwargs.get("gen_batch_size", None)
-        gen_batch_size = train_batch_size if gen_batch_size is None else int(gen_batch_size)
-        sampling = dict(kwargs.get("sampling", None) or {})
-        if enable:
-            if metric in SHAPED_REWARD_METRICS:
-                raise ValueError(
-                    f"algorithm.filter_groups.metric={metric!r} filters on the length-shaped reward, which keeps "
-                    "all-wrong groups whose responses differ only in length; DAPO filters on accuracy: set "
-                    "algorithm.filter_groups.metric=acc"
-                )
-            if gen_batch_size < train_batch_size:
-                raise ValueError(
-                    f"data.gen_batch_size={gen_batch_size} < data.train_batch_size={train_batch_size}: verl's trainer "
-                    "submits a whole train batch of prompts before sampling, so a round cannot be smaller; set "
-                    f"data.gen_batch_size >= {train_batch_size} (the paper: 3x, {3 * train_batch_size})"
-                )
-            if sampling.get("skip_saturated", False):
-                raise ValueError(
-                    "dapo.sampling.skip_saturated=true is not available on the verl engine: skipping a prompt must "
-                    "happen before it is generated, and verl's trainer draws prompts from its data loader itself. "
-                    "Set dapo.sampling.skip_saturated=false, or use the embedded engine (dapo.engine=embedded)"
-                )
-        return cls(enable, metric, max_rounds, train_batch_size, gen_batch_size, sampling)
+        filter_groups = {k: v for k, v in dict(kwargs["filter_groups"] or {}).items() if not k.startswith("_")}
+        return {
+            "algorithm": {"filter_groups": filter_groups},
+            "data": {"train_batch_size": kwargs["train_batch_size"], "gen_batch_size": kwargs.get("gen_batch_size")},
+            "dapo": {"sampling": dict(kwargs.get("sampling", None) or {})},
+        }
+
+    @classmethod
+    def from_kwargs(cls, sampler_kwargs: Any) -> DynamicSamplingSettings:
+        config = cls.config_of(sampler_kwargs)
+        filter_groups = FilterSettings.from_config(config)
+        if not filter_groups.enable:  # verl's own sampling: the DAPO options are not read
+            train = config["data"]["train_batch_size"]
+            return cls(filter_groups, SamplingSettings(int(train), int(config["data"]["gen_batch_size"] or train)))
+        sampling = SamplingSettings.from_config(config)
+        # what only this engine needs: constraints of verl's trainer on the round protocol
+        if sampling.gen_batch_size < sampling.train_batch_size:
+            raise ConfigError(
+                f"data.gen_batch_size={sampling.gen_batch_size} < data.train_batch_size={sampling.train_batch_size}: "
+                "verl's trainer submits a whole train batch of prompts before sampling, so a round cannot be smaller; "
+                f"set data.gen_batch_size >= {sampling.train_batch_size} "
+                f"(the paper: 3x, {3 * sampling.train_batch_size})"
+            )
+        if sampling.skip_saturated:
+            raise ConfigError(
+                "dapo.sampling.skip_saturated=true is not available on the verl engine: skipping a prompt must "
+                "happen before it is generated, and verl's trainer draws prompts from its data loader itself. "
+                "Set dapo.sampling.skip_saturated=false, or use the embedded engine (dapo.engine=embedded)"
+            )
+        return cls(filter_groups, sampling)
 
     def make_filler(self) -> BatchFiller:
-        opts = self.sampling
-        return BatchFiller(
-            self.train_batch_size,
-            self.gen_batch_size,
-            max_num_gen_batches=self.max_num_gen_batches,
-            adaptive=bool(opts.get("adaptive", False)),
-            min_gen_batch_size=opts.get("min_gen_batch_size", None),
-            safety_margin=float(opts.get("safety_margin", 0.1)),
-            carry_over=bool(opts.get("carry_over", False)),
-            max_carry_age=int(opts.get("max_carry_age", 1)),
-        )
+        return BatchFiller.from_settings(self.sampling, self.filter)
 
 
 def group_metric_matrix(
@@ -161,7 +148,7 @@ class DAPOReplayBuffer(ReplayBuffer):
         # verl's own group filter stays off (filter_groups_metric=None): the rounds below replace it
         super().__init__(sampler_kwargs=sampler_kwargs, **kwargs)
         self.settings = DynamicSamplingSettings.from_kwargs(sampler_kwargs)
-        self.filler = self.settings.make_filler() if self.settings.enable else None
+        self.filler = self.settings.make_filler() if self.settings.filter.enable else None
         self._carried: set[str] = set()  # uids of kept groups left in the TransferQueue for the next step
         if self.filler is not None and self.refill_fn is None:
             raise ValueError("DAPOReplayBuffer needs the trainer's refill_fn to generate further rounds")
@@ -169,9 +156,10 @@ class DAPOReplayBuffer(ReplayBuffer):
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         if partition_id == "val" or self.filler is None:
             return super().sample(global_steps, partition_id, batch_size)
-        if batch_size != self.settings.train_batch_size:
+        if batch_size != self.settings.sampling.train_batch_size:
             raise ValueError(
-                f"the DAPO sampler fills batches of data.train_batch_size={self.settings.train_batch_size} groups, "
+                f"the DAPO sampler fills batches of data.train_batch_size={self.settings.sampling.train_batch_size} "
+                "groups, "
                 f"the trainer asked for {batch_size}; DAPO trains synchronously (trainer.v1.trainer_mode=dapo, one "
                 "update per rollout step)"
             )
@@ -180,7 +168,7 @@ class DAPOReplayBuffer(ReplayBuffer):
         filler = self.filler
         self._sync_metadata_from_transfer_queue()
         filler.begin_step(global_steps)
-        carried_in = set(filler.state_dict()["ready_payloads"])
+        carried_in = set(filler.ready_payloads)
         self._clear_groups(partition_id, self._carried - carried_in)  # older than dapo.sampling.max_carry_age
         known = set(carried_in)  # prompt uids already accounted for
         kept_this_step: set[str] = set()
@@ -196,15 +184,15 @@ class DAPOReplayBuffer(ReplayBuffer):
 
             uids = sorted(finished)
             acc, infos = self._read_groups(partition_id, uids)  # acc: [B, G]
-            keep = keep_groups(acc).tolist() if uids else []  # [B], the predicate add_round applies
+            # [B] the groups kept; ValueError once max_num_gen_batches rounds leave the batch short
+            keep = filler.add_round(uids, acc, uids).tolist()
             kept_this_step.update(uid for uid, k in zip(uids, keep) if k)
             dropped = [i for i, k in enumerate(keep) if not k]
             self._clear_groups(partition_id, {uids[i] for i in dropped})
             step.add_round(acc[dropped], infos)
-            filler.add_round(uids, acc, uids)  # ValueError once max_num_gen_batches rounds leave the batch short
 
         batch_uids, metrics = filler.end_step()
-        self._carried = set(filler.state_dict()["carried_payloads"])
+        self._carried = set(filler.carried_payloads)
         self._clear_groups(partition_id, (kept_this_step | carried_in) - set(batch_uids) - self._carried)
         for index, r in enumerate(filler.rounds, start=1):
             logger.info("step %d, generation round %d: %s", global_steps, index, r)
@@ -258,7 +246,7 @@ class DAPOReplayBuffer(ReplayBuffer):
         for value in data["extra_fields"]:
             fields = getattr(value, "data", value)
             infos.append(dict(fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}))
-        metric = self.settings.metric
+        metric = self.settings.filter.metric
         missing = sorted({key.split("_")[0] for key, info in zip(keys, infos) if metric not in info})
         if missing:
             raise RuntimeError(

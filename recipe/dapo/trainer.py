@@ -13,8 +13,10 @@ computed before, over every response of the group (truncated ones included, with
 the paper; ``actor/entropy`` (computed with the old log-probs) also covers every trained response.
 
 A response is truncated when it reached ``actor_rollout_ref.rollout.response_length`` tokens without an
-end-of-sequence token (:func:`dapo.loss.truncated_responses`). Metric: ``dapo/overlong_frac``, the fraction of the
-step's trained responses that were truncated (masked out when ``dapo.overlong_filter=true``).
+end-of-sequence token (:func:`dapo.loss.truncated_responses`), the end-of-sequence set being the tokenizer's EOS
+plus the model's generation config's (:func:`dapo.settings.eos_token_ids`, the embedded engine's rule too).
+Metric: ``dapo/overlong_frac``, the fraction of the step's trained responses that were truncated (masked out when
+``dapo.overlong_filter=true``).
 
 Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.sampler.custom_sampler``).
 """
@@ -30,9 +32,11 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
 from dapo.loss import overlong_filter_mask, truncated_responses
+from dapo.settings import OverlongSettings, eos_token_ids
 
 TRAINER_MODE = "dapo"
 SAMPLER = ("pkg://recipe.dapo.sampler", "DAPOReplayBuffer")
@@ -83,20 +87,28 @@ class DAPOTrainer(PPOTrainerSync):
 
     def __init__(self, config):
         require_dapo_sampler(config)
+        self.overlong = OverlongSettings.from_config(OmegaConf.to_container(config, resolve=True))
         super().__init__(config)
         # verl 0.9.1 selects its synchronous code paths (no TransferQueue checkpoint, no prompt persistence, no
         # re-issue of in-flight prompts on resume) by trainer_mode == "sync", PPOTrainerSync's registry name.
         # This trainer is that synchronous trainer, registered under another name.
         self.trainer_mode = "sync"
 
+    def _init_tokenizer(self):
+        # verl 0.9.1's PPOTrainerBase._init_tokenizer (verl/trainer/ppo/v1/trainer_base.py), keeping the model config
+        model_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.model)
+        self.tokenizer, self.processor = model_config.tokenizer, model_config.processor
+        # what ends a response: the tokenizer's EOS and the generation config's (the rule both engines share)
+        self.eos_token_ids = response_eos_ids(model_config)
+
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         # ---- DAPO: overlong filtering, truncated responses carry no loss and no token count ----
         metrics.update(
             apply_overlong_filter(
                 batch,
-                eos_token_id=self.tokenizer.eos_token_id,
+                eos_token_id=list(self.eos_token_ids),
                 max_response_length=self.config.actor_rollout_ref.rollout.response_length,
-                enable=bool(OmegaConf.select(self.config, "dapo.overlong_filter", default=False)),
+                enable=self.overlong.filter,
             )
         )
         return super()._update_actor(batch, metrics)
@@ -110,6 +122,13 @@ class DAPOTrainer(PPOTrainerSync):
         step_dir = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
         if step_dir.is_dir():
             write_identity(step_dir, run_identity(self.config))
+
+
+def response_eos_ids(model_config) -> tuple[int, ...]:
+    """:func:`dapo.settings.eos_token_ids` of verl's ``HFModelConfig`` (``actor_rollout_ref.model``, instantiated):
+    its tokenizer's EOS and its generation config's (the rollout stops on the latter too)."""
+    generation = model_config.generation_config
+    return eos_token_ids(model_config.tokenizer.eos_token_id, None if generation is None else generation.eos_token_id)
 
 
 def require_dapo_sampler(config) -> None:

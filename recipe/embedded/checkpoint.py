@@ -164,6 +164,26 @@ def raise_damaged(run_dir: Path, candidates: list[Path]) -> None:
     )
 
 
+def training_state(step: int, optimizer, scheduler, stream, filler, wandb_id: str | None) -> dict:
+    """The contents of ``trainer_state.pt``, written here and read back by :func:`restore_training_state` only."""
+    return {
+        "global_step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "rng": rng_state(), "data": stream.state_dict(),
+        "filler": None if filler is None else filler.state_dict(), "wandb_id": wandb_id,
+    }
+
+
+def restore_training_state(state: dict, optimizer, scheduler, stream, filler) -> tuple[int, str | None]:
+    """Load :func:`training_state`'s contents into the objects (and the RNGs); return (step, W&B run id)."""
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    stream.load_state_dict(state["data"])
+    if filler is not None and state.get("filler") is not None:
+        filler.load_state_dict(state["filler"])
+    set_rng_state(state["rng"])
+    return int(state["global_step"]), state.get("wandb_id")
+
+
 def load_state(checkpoint: Path) -> dict:
     # our own file: optimizer and RNG states hold numpy arrays and python tuples, so weights_only is off
     return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)

@@ -1,29 +1,31 @@
 """What the embedded engine reads from the composed config (verl's keys), checked once, as plain values.
 
 The engine reads the Hydra config in one place, here, and validates it with errors that name the key to set.
-Everything else in the engine takes these plain values. Meanings are verl's: ``data.train_batch_size`` and
-``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n`` responses), while
-``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count responses.
+Everything else in the engine takes these plain values. What DAPO decides (the loss, dynamic sampling, overlong
+filtering and shaping) is :class:`dapo.settings.DapoSettings`, built from the config exactly as the verl engine
+builds it; the rest (model, data, rollout, optimizer, trainer) is read here. Meanings are verl's:
+``data.train_batch_size`` and ``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n``
+responses), while ``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count
+responses.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from dapo.settings import ConfigError, DapoSettings, check_float, check_int
 
-class ConfigError(ValueError):
-    """A bad setting or bad input data; the message names what to change. The CLI prints it without traceback."""
-
-
-FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+__all__ = ["ConfigError", "EngineConfig", "ignored_verl_keys", "read_config"]
 
 
 @dataclass(frozen=True)
 class EngineConfig:
+    dapo: DapoSettings  # the loss, dynamic sampling, overlong filtering and shaping: shared with the verl engine
     # data
     train_files: list[str] | None  # None: the embedded synthetic task
     val_files: list[str] | None
@@ -33,8 +35,6 @@ class EngineConfig:
     reward_fn_key: str
     max_prompt_length: int
     max_response_length: int
-    train_batch_size: int  # prompts per step
-    gen_batch_size: int  # prompts per generation round
     val_batch_size: int | None  # prompts per validation generate call (None: all)
     shuffle: bool
     data_seed: int
@@ -55,11 +55,6 @@ class EngineConfig:
     log_prob_micro_batch_size: int  # responses
     bypass_mode: bool  # old log-probs from the sampling pass, no recomputation (algorithm.rollout_correction)
     # actor
-    clip_ratio_low: float
-    clip_ratio_high: float
-    clip_ratio_c: float
-    loss_agg_mode: str
-    loss_scale_factor: float | None
     ppo_mini_batch_size: int  # prompts
     ppo_micro_batch_size: int  # responses
     ppo_epochs: int
@@ -77,13 +72,6 @@ class EngineConfig:
     gradient_checkpointing: bool
     # algorithm and reward
     norm_adv_by_std_in_grpo: bool
-    filter_groups: bool
-    filter_metric: str
-    max_num_gen_batches: int
-    max_resp_len: int
-    overlong_buffer: bool
-    overlong_buffer_len: int
-    overlong_penalty_factor: float
     reward_path: str | None
     reward_name: str
     reward_kwargs: dict
@@ -101,9 +89,6 @@ class EngineConfig:
     val_before_train: bool
     val_only: bool
     max_ckpt_to_keep: int | None
-    # dapo
-    overlong_filter: bool
-    sampling: dict
     # embedded
     seed: int
     device: str
@@ -114,6 +99,14 @@ class EngineConfig:
     tiny_model: dict
     warmup: dict
     progress_bar: bool
+
+    @property
+    def train_batch_size(self) -> int:  # prompts per step
+        return self.dapo.sampling.train_batch_size
+
+    @property
+    def gen_batch_size(self) -> int:  # prompts per generation round
+        return self.dapo.sampling.gen_batch_size
 
 
 def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
@@ -130,9 +123,7 @@ def _files(value) -> list[str] | None:
 
 
 def _positive(name: str, value, hint: str = "") -> int:
-    if value is None or int(value) < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}{hint}")
-    return int(value)
+    return check_int(name, value, minimum=1, hint=hint)
 
 
 def read_config(cfg: DictConfig) -> EngineConfig:
@@ -151,9 +142,8 @@ def read_config(cfg: DictConfig) -> EngineConfig:
             f"{actor}.use_kl_loss=false and algorithm.use_kl_in_reward=false"
         )
 
-    train_batch_size = _positive("data.train_batch_size", _get(cfg, "data.train_batch_size"))
-    gen_batch_size = _get(cfg, "data.gen_batch_size") or train_batch_size
-    gen_batch_size = _positive("data.gen_batch_size", gen_batch_size, " (DAPO: 3 x data.train_batch_size)")
+    settings = DapoSettings.from_config(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
+    train_batch_size = settings.sampling.train_batch_size
     n = _positive(f"{rollout}.n", _get(cfg, f"{rollout}.n"))
     mini = _positive(f"{actor}.ppo_mini_batch_size", _get(cfg, f"{actor}.ppo_mini_batch_size"))
     if train_batch_size % mini:
@@ -172,33 +162,16 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         )
     log_prob_micro = _get(cfg, f"{rollout}.log_prob_micro_batch_size_per_gpu") or micro
 
-    loss_agg_mode = _get(cfg, f"{actor}.loss_agg_mode", "token-mean")
-    from dapo.loss import LOSS_AGG_MODES
-
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ConfigError(
-            f"{actor}.loss_agg_mode={loss_agg_mode!r} is unknown; use one of {', '.join(LOSS_AGG_MODES)} "
-            "(DAPO: token-mean)"
-        )
-
-    filter_metric = _get(cfg, "algorithm.filter_groups.metric", "acc") or "acc"
-    if filter_metric not in FILTER_METRICS:
-        raise ConfigError(
-            f"algorithm.filter_groups.metric={filter_metric!r} is not one the embedded engine computes; use one of "
-            f"{', '.join(FILTER_METRICS)} (DAPO: acc)"
-        )
     max_response_length = _positive("data.max_response_length", _get(cfg, "data.max_response_length"))
-    overlong = bool(_get(cfg, "reward.reward_kwargs.overlong_buffer_cfg.enable", False))
-    max_resp_len = _get(cfg, "reward.reward_kwargs.max_resp_len") or max_response_length
-    buffer_len = _get(cfg, "reward.reward_kwargs.overlong_buffer_cfg.len", 0) or 0
-    penalty = float(_get(cfg, "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor", 1.0))
-    if overlong:
-        from dapo.shaping import validate_overlong_params
-
-        try:
-            validate_overlong_params(int(max_resp_len), int(buffer_len), penalty)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+    lr = check_float(f"{actor}.optim.lr", _get(cfg, f"{actor}.optim.lr"))
+    if lr <= 0:
+        raise ConfigError(f"{actor}.optim.lr must be > 0, got {lr}; the paper uses 1e-6 (this tiny model: 4e-5)")
+    total_steps = _get(cfg, "trainer.total_training_steps")
+    if total_steps is not None:
+        total_steps = _positive(
+            "trainer.total_training_steps", total_steps, " (null: trainer.total_epochs over the train set)"
+        )
+    total_epochs = _positive("trainer.total_epochs", _get(cfg, "trainer.total_epochs", 1))
 
     for key in ("trainer.resume_mode",):
         if _get(cfg, key) not in ("auto", "disable", "resume_path"):
@@ -210,7 +183,6 @@ def read_config(cfg: DictConfig) -> EngineConfig:
             f"data.truncation must be one of error, left, right, middle; got {_get(cfg, 'data.truncation')!r}"
         )
 
-    total_steps = _get(cfg, "trainer.total_training_steps")
     logger = _get(cfg, "trainer.logger", ["console"]) or []
     logger = (logger,) if isinstance(logger, str) else tuple(logger)
     seed = int(_get(cfg, "embedded.seed", 0))
@@ -226,6 +198,7 @@ def read_config(cfg: DictConfig) -> EngineConfig:
     num_threads = _get(cfg, "embedded.num_threads")
 
     return EngineConfig(
+        dapo=settings,
         train_files=_files(_get(cfg, "data.train_files")),
         val_files=_files(_get(cfg, "data.val_files")),
         train_max_samples=int(_get(cfg, "data.train_max_samples", -1) or -1),
@@ -234,8 +207,6 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         reward_fn_key=_get(cfg, "data.reward_fn_key", "data_source"),
         max_prompt_length=_positive("data.max_prompt_length", _get(cfg, "data.max_prompt_length")),
         max_response_length=max_response_length,
-        train_batch_size=train_batch_size,
-        gen_batch_size=gen_batch_size,
         val_batch_size=_get(cfg, "data.val_batch_size"),
         shuffle=bool(_get(cfg, "data.shuffle", True)),
         data_seed=seed if data_seed is None else int(data_seed),
@@ -254,17 +225,12 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         max_num_seqs=_positive(f"{rollout}.max_num_seqs", _get(cfg, f"{rollout}.max_num_seqs", 1024)),
         log_prob_micro_batch_size=_positive(f"{rollout}.log_prob_micro_batch_size_per_gpu", log_prob_micro),
         bypass_mode=bool(_get(cfg, "algorithm.rollout_correction.bypass_mode", False)),
-        clip_ratio_low=float(_get(cfg, f"{actor}.clip_ratio_low", 0.2)),
-        clip_ratio_high=float(_get(cfg, f"{actor}.clip_ratio_high", 0.28)),
-        clip_ratio_c=float(_get(cfg, f"{actor}.clip_ratio_c", 3.0)),
-        loss_agg_mode=loss_agg_mode,
-        loss_scale_factor=_get(cfg, f"{actor}.loss_scale_factor"),
         ppo_mini_batch_size=mini,
         ppo_micro_batch_size=micro,
         ppo_epochs=_positive(f"{actor}.ppo_epochs", _get(cfg, f"{actor}.ppo_epochs", 1)),
         # verl's FSDP engine clips with optim.clip_grad (optim.grad_clip, deprecated, overrides it when set)
         grad_clip=float(_get(cfg, f"{actor}.optim.grad_clip") or _get(cfg, f"{actor}.optim.clip_grad", 1.0)),
-        lr=float(_get(cfg, f"{actor}.optim.lr")),
+        lr=lr,
         lr_warmup_steps=int(_get(cfg, f"{actor}.optim.lr_warmup_steps", -1) or 0),
         weight_decay=float(_get(cfg, f"{actor}.optim.weight_decay", 0.0)),
         betas=tuple(float(b) for b in _get(cfg, f"{actor}.optim.betas", [0.9, 0.999])),
@@ -275,18 +241,11 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         trust_remote_code=bool(_get(cfg, "actor_rollout_ref.model.trust_remote_code", False)),
         gradient_checkpointing=bool(_get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing", False)),
         norm_adv_by_std_in_grpo=bool(_get(cfg, "algorithm.norm_adv_by_std_in_grpo", True)),
-        filter_groups=bool(_get(cfg, "algorithm.filter_groups.enable", False)),
-        filter_metric=filter_metric,
-        max_num_gen_batches=int(_get(cfg, "algorithm.filter_groups.max_num_gen_batches", 0) or 0),
-        max_resp_len=int(max_resp_len),
-        overlong_buffer=overlong,
-        overlong_buffer_len=int(buffer_len),
-        overlong_penalty_factor=penalty,
         reward_path=_get(cfg, "reward.custom_reward_function.path"),
         reward_name=_get(cfg, "reward.custom_reward_function.name", "compute_score") or "compute_score",
         reward_kwargs=_get(cfg, "reward.custom_reward_function.reward_kwargs", {}) or {},
-        total_training_steps=None if total_steps is None else int(total_steps),
-        total_epochs=int(_get(cfg, "trainer.total_epochs", 1)),
+        total_training_steps=total_steps,
+        total_epochs=total_epochs,
         test_freq=int(_get(cfg, "trainer.test_freq", -1)),
         save_freq=int(_get(cfg, "trainer.save_freq", -1)),
         logger=logger,
@@ -298,8 +257,6 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         val_before_train=bool(_get(cfg, "trainer.val_before_train", True)),
         val_only=bool(_get(cfg, "trainer.val_only", False)),
         max_ckpt_to_keep=_get(cfg, "trainer.max_actor_ckpt_to_keep"),
-        overlong_filter=bool(_get(cfg, "dapo.overlong_filter", False)),
-        sampling=_get(cfg, "dapo.sampling", {}) or {},
         seed=seed,
         device=device,
         dtype=str(_get(cfg, "embedded.dtype", "auto")),
@@ -310,6 +267,37 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         warmup=_get(cfg, "embedded.warmup", {}) or {},
         progress_bar=bool(_get(cfg, "embedded.progress_bar", True)),
     )
+
+
+# verl keys the embedded engine does not act on (one process, Hugging Face generate, no parallelism), and why
+IGNORED_VERL_KEYS = {
+    "actor_rollout_ref.actor.use_dynamic_bsz": "micro-batches are ppo_micro_batch_size_per_gpu responses",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "no dynamic batching",
+    "actor_rollout_ref.actor.shuffle": "mini-batches are taken in batch order",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "one process",
+    "actor_rollout_ref.actor.fsdp_config.param_offload": "no FSDP",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "no FSDP",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "Hugging Face generate, one device",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "no vLLM",
+    "actor_rollout_ref.rollout.enforce_eager": "no vLLM",
+    "data.dataloader_num_workers": "prompts are read in the training process",
+    "trainer.n_gpus_per_node": "one device (embedded.device)",
+    "trainer.nnodes": "one machine",
+}
+
+
+def ignored_verl_keys(cfg: DictConfig) -> list[str]:
+    """``key=value (default D: why)`` for each of :data:`IGNORED_VERL_KEYS` set to something else than verl
+    0.9.1's default, so that the engine can say it does not act on it instead of ignoring it silently."""
+    import verl
+
+    defaults = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    out = []
+    for key, why in IGNORED_VERL_KEYS.items():
+        value, default = _get(cfg, key), OmegaConf.select(defaults, key, default=None)
+        if value != default:
+            out.append(f"{key}={value} (verl's default {default}; {why})")
+    return out
 
 
 def _divisor_near(total: int, wanted: int) -> int:

@@ -23,12 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-# The DAPO-Math-17k instruction (paper's data, and AIME 2024 as prepared by its authors), verbatim.
-DAPO_INSTRUCTION = (
-    "Solve the following math problem step by step. The last line of your response should be of the form "
-    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
-    'Remember to put your answer on its own line after "Answer:".'
-)
+from dapo.reward import DAPO_INSTRUCTION  # the prompts are in the DAPO-Math-17k format
+
 DATA_SOURCE = "synthetic_addition"
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (

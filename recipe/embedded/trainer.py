@@ -40,6 +40,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,12 +49,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dapo.advantage import group_advantages
-from dapo.loss import aggregate_loss, masked_mean, overlong_filter_mask, policy_loss, truncated_responses
+from dapo.loss import LOSS_MODES, aggregate_loss, masked_mean, overlong_filter_mask, truncated_responses
 from dapo.metrics import mean_metrics, response_length_metrics
-from dapo.sampling import BatchFiller, keep_groups
+from dapo.sampling import BatchFiller
+from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
 from recipe.embedded import checkpoint, checks
-from recipe.embedded.config import ConfigError, EngineConfig, read_config
+from recipe.embedded.config import ConfigError, EngineConfig, ignored_verl_keys, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
 from recipe.embedded.decode import batched_shared_log_probs, sample, shared_prompt_log_probs
 from recipe.embedded.identity import check_same_run, run_identity
@@ -79,9 +81,48 @@ class Policy:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
 
-def run(cfg: DictConfig) -> Path:
+@dataclass
+class _Round:
+    """One generation round, scored and shaped: ``[B*G, ...]`` tensors, the G responses of a prompt consecutive."""
+
+    prompts: list[torch.Tensor]  # [B] prompt token ids
+    response_ids: torch.Tensor  # [B*G, T]
+    response_mask: torch.Tensor  # [B*G, T]
+    score: torch.Tensor  # [B*G] correctness score
+    acc: torch.Tensor  # [B*G] bool accuracy
+    penalty: torch.Tensor  # [B*G] soft overlong punishment (0 when off)
+    truncated: torch.Tensor  # [B*G] bool: no end-of-sequence token
+    rollout_log_prob: torch.Tensor  # [B*G, T] log-probs of the sampled tokens from the sampling pass
+    n: int  # G
+
+    @property
+    def reward(self) -> torch.Tensor:  # [B*G] what the advantages are computed from
+        return self.score + self.penalty
+
+    def filter_values(self, metric: str) -> torch.Tensor:
+        """``[B, G]`` dynamic sampling's filter metric, one of ``dapo.settings.FILTER_METRICS`` (never the shaped
+        reward)."""
+        return {"acc": self.acc, "score": self.score}[metric].view(-1, self.n)
+
+
+class Callback:
+    """What a caller can watch without patching the loop (TRL's ``TrainerCallback``): override what you need.
+
+    ``on_step_begin`` runs before each rollout step, outside its timing (``timing_s/step``); ``on_step_end`` after
+    it, with the step's metrics, before validation and the checkpoint."""
+
+    def on_step_begin(self, step: int) -> None:
+        pass
+
+    def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+
+def run(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> Path:
     """Train with DAPO as ``cfg`` says; return the run directory (metrics.jsonl, plots/, checkpoints)."""
     c = read_config(cfg)
+    for setting in ignored_verl_keys(cfg):
+        logger.warning("the embedded engine ignores %s", setting)
     # ------------------------------------------------------------------ setup
     # the cheap checks first: nothing is loaded, built or written before the inputs and the run directory pass
     run_dir = Path(c.run_dir).resolve()
@@ -108,21 +149,16 @@ def run(cfg: DictConfig) -> Path:
         optimizer, lambda s: s / max(1, warmup_steps) if s < warmup_steps else 1.0
     )
     filler = None
-    if c.filter_groups:  # [DAPO 2] dynamic sampling
-        filler = BatchFiller(c.train_batch_size, c.gen_batch_size, c.max_num_gen_batches, **_sampling_kwargs(c))
+    if c.dapo.filter.enable:  # [DAPO 2] dynamic sampling
+        filler = BatchFiller.from_settings(c.dapo.sampling, c.dapo.filter)
     stream = PromptStream(len(train_set), shuffle=c.shuffle, seed=c.data_seed)
     total_steps = c.total_training_steps or c.total_epochs * max(1, len(train_set) // c.gen_batch_size)
 
     start_step, wandb_id = 0, None
     if resume_from is not None:
-        state = checkpoint.load_state(resume_from)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["data"])
-        if filler is not None and state.get("filler") is not None:
-            filler.load_state_dict(state["filler"])
-        checkpoint.set_rng_state(state["rng"])
-        start_step, wandb_id = int(state["global_step"]), state.get("wandb_id")
+        start_step, wandb_id = checkpoint.restore_training_state(
+            checkpoint.load_state(resume_from), optimizer, scheduler, stream, filler
+        )
         print(f"resumed from {resume_from} (step {start_step})")
         if start_step >= total_steps and not c.val_only:
             _finished_message(c, resume_from, start_step, total_steps)
@@ -143,11 +179,15 @@ def run(cfg: DictConfig) -> Path:
         monitor.log(0, val_metrics)
         monitor.write(_val_summary(0, val_metrics))
     for step in range(start_step + 1, 0 if c.val_only else total_steps + 1):
+        for callback in callbacks:
+            callback.on_step_begin(step)
         try:
             metrics = trainer.step(step)
         except RuntimeError as err:
             raise trainer.guard.diverged(err, step) from None
         trainer.guard.end_step(step)
+        for callback in callbacks:
+            callback.on_step_end(step, metrics)
         last = step == total_steps
         if c.test_freq > 0 and (step % c.test_freq == 0 or last):
             with _timer(metrics, "timing_s/testing"):
@@ -156,11 +196,7 @@ def run(cfg: DictConfig) -> Path:
         monitor.log(step, metrics)  # before the checkpoint: a resumed run drops records after its checkpoint
         monitor.progress(step, metrics)
         if c.save_freq > 0 and (step % c.save_freq == 0 or last):
-            state = {
-                "global_step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": checkpoint.rng_state(), "data": stream.state_dict(),
-                "filler": None if filler is None else filler.state_dict(), "wandb_id": monitor.wandb_id,
-            }
+            state = checkpoint.training_state(step, optimizer, scheduler, stream, filler, monitor.wandb_id)
             checkpoint.save_checkpoint(run_dir, step, policy.model, policy.tokenizer, state, c.max_ckpt_to_keep,
                                        identity=identity)
 
@@ -198,7 +234,7 @@ class _Trainer:
             advantages = group_advantages(batch["reward"], c.n, norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo)
             advantages = advantages.unsqueeze(-1) * batch["response_mask"]  # [N, T]
             loss_mask = batch["response_mask"]  # [N, T]
-            if c.overlong_filter:  # [DAPO 4] overlong filtering: truncated responses carry no loss
+            if c.dapo.overlong.filter:  # [DAPO 4] overlong filtering: truncated responses carry no loss
                 loss_mask = overlong_filter_mask(loss_mask, batch["truncated"])
 
             metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
@@ -216,17 +252,19 @@ class _Trainer:
         acc_sum, acc_count = 0.0, 0
         if self.filler is None:  # filter_groups.enable=False: one round, every group trained
             indices = [self.stream.next() for _ in range(c.train_batch_size)]
-            groups, _, acc = self.rollout(indices, keep_all=True)
-            return groups, {"train/num_gen_batches": 1.0, "dapo/generated_prompts": float(len(indices))}, \
-                acc.float().mean().item()
+            round_ = self.rollout(indices)
+            return self.payloads(round_, list(range(len(indices)))), \
+                {"train/num_gen_batches": 1.0, "dapo/generated_prompts": float(len(indices))}, \
+                round_.acc.float().mean().item()
 
         self.filler.begin_step(step)
         while not self.filler.done:
             indices = self._draw(self.filler.next_round_size())
-            groups, filter_values, acc = self.rollout(indices, keep_all=False)
-            acc_sum, acc_count = acc_sum + acc.float().sum().item(), acc_count + acc.numel()
-            try:
-                self.filler.add_round(groups, filter_values, [self.data.keys[i] for i in indices])
+            round_ = self.rollout(indices)
+            acc_sum, acc_count = acc_sum + round_.acc.float().sum().item(), acc_count + round_.acc.numel()
+            try:  # the filler keeps the groups with mixed accuracy; their payloads (log-probs) are built for those only
+                self.filler.add_round(lambda kept, r=round_: self.payloads(r, kept),
+                                      round_.filter_values(c.dapo.filter.metric), [self.data.keys[i] for i in indices])
             except ValueError as err:
                 raise ConfigError(f"step {step}: {err}") from None
         groups, sampling_metrics = self.filler.end_step()
@@ -243,9 +281,9 @@ class _Trainer:
                 chosen.append(index)
         return chosen or [self.stream.next()]
 
-    def rollout(self, indices: list[int], keep_all: bool) -> tuple[list[dict | None], torch.Tensor, torch.Tensor]:
-        """Generate, score and shape one round; one payload per prompt (None for a group the filter drops),
-        the ``[B, G]`` filter metric and the ``[B, G]`` accuracy."""
+    def rollout(self, indices: list[int]) -> _Round:
+        """One generation round: generate (keeping the sampling pass's log-probs), score, detect truncation, shape the
+        reward (no filter, no recomputed log-probs)."""
         c, policy = self.c, self.policy
         prompts = [self.data.prompt_ids[i] for i in indices]
         with policy.autocast():
@@ -253,56 +291,62 @@ class _Trainer:
                 policy.model, prompts, n=c.n, params=self.sampling, max_new_tokens=c.max_response_length,
                 eos_ids=policy.eos_ids, pad_id=policy.pad_id, max_num_seqs=c.max_num_seqs,
             )  # [B*G, T] each
-        sources = [self.data.data_sources[i] for i in indices for _ in range(c.n)]
-        truths = [self.data.ground_truths[i] for i in indices for _ in range(c.n)]
-        extras = [self.data.extra_infos[i] for i in indices for _ in range(c.n)]
         with _timer(self.timing, "timing_s/reward", add=True):
-            scored = _score(self.score_fn, policy.tokenizer, response_ids, response_mask, sources, truths, extras,
-                            c.reward_kwargs)
-        truncated = truncated_responses(response_ids, response_mask, policy.eos_ids)  # [B*G]
-        penalty = torch.zeros(len(truths))  # [B*G]
-        if c.overlong_buffer:  # [DAPO 4] soft overlong punishment (paper Eq. 13)
-            penalty = overlong_penalty(
-                response_mask.sum(-1), max_resp_len=c.max_resp_len, overlong_buffer_len=c.overlong_buffer_len,
-                penalty_factor=c.overlong_penalty_factor,
+            scored = _score(
+                self.score_fn, policy.tokenizer, response_ids, response_mask,
+                *([column[i] for i in indices for _ in range(c.n)]
+                  for column in (self.data.data_sources, self.data.ground_truths, self.data.extra_infos)),
+                c.reward_kwargs,
             )
-        reward = scored["score"] + penalty  # [B*G]
-        acc = scored["acc"].view(-1, c.n)  # [B, G]
-        filter_values = {"acc": acc, "score": scored["score"].view(-1, c.n)}.get(c.filter_metric, reward.view(-1, c.n))
+        truncated = truncated_responses(response_ids, response_mask, policy.eos_ids)  # [B*G]
+        return _Round(prompts, response_ids, response_mask, scored["score"], scored["acc"],
+                      self.length_penalty(response_mask), truncated, rollout_log_prob, c.n)
 
-        kept = torch.ones(len(indices), dtype=torch.bool) if keep_all else keep_groups(filter_values)  # [B]
-        rows = (kept.repeat_interleave(c.n)).nonzero().flatten()  # responses of kept groups
-        old_log_prob = rollout_log_prob  # [B*G, T] algorithm.rollout_correction.bypass_mode: the sampling pass's
-        if len(rows) and not c.bypass_mode:  # recomputed by a forward pass, as verl does by default
+    def length_penalty(self, response_mask: torch.Tensor) -> torch.Tensor:
+        """[DAPO 4] soft overlong punishment (paper Eq. 13) per response ``[B*G]``; zeros when off."""
+        overlong = self.c.dapo.overlong
+        if not overlong.buffer_enable:
+            return torch.zeros(response_mask.shape[0])
+        return overlong_penalty(
+            response_mask.sum(-1), max_resp_len=overlong.max_resp_len, overlong_buffer_len=overlong.buffer_len,
+            penalty_factor=overlong.penalty_factor,
+        )
+
+    def payloads(self, r: _Round, groups: list[int]) -> list[dict]:
+        """The payloads of groups ``groups`` of round ``r``, with their behaviour log-probs (``old_log_prob``): the
+        sampling pass's (``bypass_mode``), or recomputed now with the policy that generated them."""
+        c, policy = self.c, self.policy
+        rows = [g * c.n + k for g in groups for k in range(c.n)]  # responses of these groups
+        old_log_prob = r.rollout_log_prob  # [B*G, T] algorithm.rollout_correction.bypass_mode: the sampling pass's
+        if rows and not c.bypass_mode:  # recomputed by a forward pass, as verl does by default
             with policy.autocast(), _timer(self.timing, "timing_s/old_log_prob", add=True):
                 old_log_prob[rows] = batched_shared_log_probs(
-                    policy.model, [prompts[r // c.n] for r in rows.tolist()], response_ids[rows], response_mask[rows],
-                    temperature=c.temperature, pad_id=policy.pad_id, micro_batch_size=c.log_prob_micro_batch_size,
+                    policy.model, [r.prompts[row // c.n] for row in rows], r.response_ids[rows],
+                    r.response_mask[rows], temperature=c.temperature, pad_id=policy.pad_id,
+                    micro_batch_size=c.log_prob_micro_batch_size,
                 )
-        groups: list[dict | None] = []
-        for g in range(len(indices)):
-            if not kept[g]:
-                groups.append(None)
-                continue
-            r = slice(g * c.n, (g + 1) * c.n)
-            width = int(response_mask[r].sum(-1).max())
-            groups.append({  # cloned: a payload must not pin the whole round's storage (it may be checkpointed)
-                "prompt_ids": prompts[g].clone(),
-                "response_ids": response_ids[r, :width].clone(),
-                "response_mask": response_mask[r, :width].clone(),
-                "old_log_prob": old_log_prob[r, :width].clone(),
-                "score": scored["score"][r].clone(),
-                "acc": scored["acc"][r].clone(),
-                "penalty": penalty[r].clone(),
-                "reward": reward[r].clone(),
-                "truncated": truncated[r].clone(),
+        out = []
+        for g in groups:
+            span = slice(g * c.n, (g + 1) * c.n)
+            width = int(r.response_mask[span].sum(-1).max())
+            out.append({  # cloned: a payload must not pin the whole round's storage (it may be checkpointed)
+                "prompt_ids": r.prompts[g].clone(),
+                "response_ids": r.response_ids[span, :width].clone(),
+                "response_mask": r.response_mask[span, :width].clone(),
+                "old_log_prob": old_log_prob[span, :width].clone(),
+                "score": r.score[span].clone(),
+                "acc": r.acc[span].clone(),
+                "penalty": r.penalty[span].clone(),
+                "reward": r.reward[span].clone(),
+                "truncated": r.truncated[span].clone(),
             })
-        return groups, filter_values, acc
+        return out
 
     # ---------------------------------------------------------------- [DAPO 1, 3] the policy update
     def update(self, batch: dict, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
         """``ppo_epochs`` x mini-batches, one optimizer step each, gradients accumulated over micro-batches."""
         c, policy = self.c, self.policy
+        loss_fn, loss_settings = LOSS_MODES[c.dapo.loss.loss_mode], c.dapo.loss  # policy_loss.loss_mode
         mini, micro = c.ppo_mini_batch_size * c.n, c.ppo_micro_batch_size
         num_rows = batch["response_ids"].shape[0]
         policy.model.train()
@@ -327,18 +371,16 @@ class _Trainer:
                     device = log_prob.device
                     mask = loss_mask[rows, :width].to(device)  # [n, T']
                     # [DAPO 1] decoupled clip: clip_ratio_low / clip_ratio_high
-                    loss, record = policy_loss(
+                    loss, record = loss_fn(
                         log_prob, batch["old_log_prob"][rows, :width].to(device),
                         advantages[rows, :width].to(device), mask,
-                        clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
-                        clip_ratio_c=c.clip_ratio_c, loss_agg_mode=c.loss_agg_mode,
                         batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
-                        loss_scale_factor=c.loss_scale_factor,
+                        **loss_settings.loss_kwargs(),
                     )
                     if c.entropy_coeff != 0:
                         loss = loss - c.entropy_coeff * aggregate_loss(
-                            entropy, mask, c.loss_agg_mode, batch_num_tokens=batch_num_tokens,
-                            global_batch_size=global_batch_size, loss_scale_factor=c.loss_scale_factor,
+                            entropy, mask, loss_settings.loss_agg_mode, batch_num_tokens=batch_num_tokens,
+                            global_batch_size=global_batch_size, loss_scale_factor=loss_settings.loss_scale_factor,
                         )
                     loss.backward()
                     mini_loss += loss.item()
@@ -468,15 +510,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _sampling_kwargs(c: EngineConfig) -> dict:
-    known = ("adaptive", "min_gen_batch_size", "safety_margin", "carry_over", "max_carry_age", "skip_saturated",
-             "saturation_window", "reprobe_after")
-    unknown = sorted(set(c.sampling) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} under dapo.sampling; known: {', '.join(known)}")
-    return {k: v for k, v in c.sampling.items() if v is not None or k == "min_gen_batch_size"}
-
-
 def _resume_checkpoint(c: EngineConfig, run_dir: Path, identity: dict) -> Path | None:
     """verl's ``trainer.resume_mode``: auto = the latest intact checkpoint in the run dir if any; disable = start
     over; resume_path = ``trainer.resume_from_path``. A checkpoint of another run is refused (run.json)."""
@@ -569,14 +602,9 @@ def _load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
             f"the tokenizer of {model_dir} has no chat template; set actor_rollout_ref.model.custom_chat_template"
         )
     tokenizer.padding_side = "left"
-    eos = {tokenizer.eos_token_id}
-    gen_eos = model.generation_config.eos_token_id
-    eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    eos.discard(None)
-    if not eos:
-        raise ConfigError(f"the tokenizer of {model_dir} defines no end-of-sequence token; responses could never end")
+    eos = eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)  # shared with verl's engine
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    model.generation_config = GenerationConfig(eos_token_id=sorted(eos), pad_token_id=pad_id)  # no hub defaults
+    model.generation_config = GenerationConfig(eos_token_id=list(eos), pad_token_id=pad_id)  # no hub defaults
     for module in model.modules():  # dropout off: old and new log-probs must see the same network
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -585,7 +613,7 @@ def _load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
     if c.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.to(device)
-    return Policy(model, tokenizer, torch.tensor(sorted(eos)), int(pad_id), device, autocast_dtype)
+    return Policy(model, tokenizer, torch.tensor(eos), int(pad_id), device, autocast_dtype)
 
 
 def load_tokenizer(path, trust_remote_code: bool = False):

@@ -1,0 +1,372 @@
+"""The DAPO contract: what both engines decide from the config, built and checked once, in one typed object.
+
+Each engine composes its Hydra config, turns it into a plain nested mapping (``OmegaConf.to_container``) and calls
+:meth:`DapoSettings.from_config` (or the ``from_config`` of one concern) on it; neither reads these keys any other
+way. One frozen dataclass per concern, each owning its defaults and its validation:
+
+* :class:`LossSettings`      ``actor_rollout_ref.actor.{policy_loss.loss_mode, clip_ratio*, loss_agg_mode, ...}``
+* :class:`FilterSettings`    ``algorithm.filter_groups.{enable, metric, max_num_gen_batches}`` (dynamic sampling)
+* :class:`SamplingSettings`  ``data.{train_batch_size, gen_batch_size}`` and ``dapo.sampling.*`` (the batch filler)
+* :class:`OverlongSettings`  ``dapo.overlong_filter`` and ``reward.reward_kwargs.{max_resp_len, overlong_buffer_cfg}``
+
+plus :func:`eos_token_ids`, the one rule for what ends a response (and so what "truncated" means for overlong
+filtering). A bad value raises :class:`ConfigError` naming the verl key and the fix, before any expensive work.
+
+Keys are verl's (``configs/dapo_trainer.yaml``); a key missing from the mapping takes the default declared here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dapo.loss import CLIP_RATIO_C, LOSS_AGG_MODES, LOSS_MODES
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message names the key and what to set. Entry points print it without a traceback."""
+
+
+ACTOR = "actor_rollout_ref.actor"
+
+# Dynamic sampling's filter metric: the per-response value whose constancy over a group drops the group.
+# Both engines accept exactly these (DAPO filters on accuracy, paper Eq. 11).
+FILTER_METRICS: dict[str, str] = {
+    "acc": "accuracy of the response (the scorer's 'acc'): the paper's rule",
+    "score": "the scorer's correctness score (+1 / -1 for the DAPO scorer), before any length shaping",
+}
+# Refused in both engines: the length-shaped reward makes an all-wrong group look mixed when its responses only
+# differ in length, so groups without a learning signal get through (verl's built-in filter defaults to "reward").
+SHAPED_REWARD_METRICS = ("reward", "seq_reward", "seq_final_reward")
+
+
+def select(config: Mapping, key: str, default: Any = None) -> Any:
+    """``config["a"]["b"]["c"]`` for ``key="a.b.c"``; ``default`` when a level is missing or the value is None."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+def check_int(key: str, value: Any, *, minimum: int, hint: str = "") -> int:
+    """``value`` as an int >= ``minimum``, else :class:`ConfigError` naming ``key``."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok and isinstance(value, float) and value.is_integer():
+        value, ok = int(value), True
+    if not ok and isinstance(value, str):
+        try:
+            value, ok = int(value), True
+        except ValueError:
+            ok = False
+    if not ok or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"{key} must be {what}, got {value!r}{hint}")
+    return int(value)
+
+
+def check_float(key: str, value: Any, *, hint: str = "") -> float:
+    """``value`` as a finite float, else :class:`ConfigError` naming ``key``."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        out = math.nan
+    if isinstance(value, bool) or not math.isfinite(out):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}{hint}")
+    return out
+
+
+def check_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------- the loss
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The policy loss: which one (``dapo.loss.LOSS_MODES``), its clip range and its aggregation."""
+
+    loss_mode: str = field(default="dapo", metadata={"help": f"{ACTOR}.policy_loss.loss_mode: dapo, vanilla, gspo"})
+    clip_ratio_low: float = field(default=0.2, metadata={"help": "eps_low: the ratio is clipped below at 1 - it"})
+    clip_ratio_high: float = field(default=0.28, metadata={"help": "eps_high (Clip-Higher): clipped above at 1 + it"})
+    clip_ratio_c: float = field(default=CLIP_RATIO_C, metadata={"help": "dual-clip bound for A < 0 (> 1)"})
+    loss_agg_mode: str = field(default="token-mean", metadata={"help": "verl's agg_loss mode (DAPO: token-mean)"})
+    loss_scale_factor: float | None = field(default=None, metadata={"help": "seq-mean-token-sum-norm's divisor"})
+
+    def __post_init__(self) -> None:
+        if self.loss_mode not in LOSS_MODES:
+            raise ConfigError(
+                f"{ACTOR}.policy_loss.loss_mode={self.loss_mode!r} is unknown; use one of {', '.join(LOSS_MODES)} "
+                "(DAPO: dapo)"
+            )
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ConfigError(
+                f"{ACTOR}.loss_agg_mode={self.loss_agg_mode!r} is unknown; use one of {', '.join(LOSS_AGG_MODES)} "
+                "(DAPO: token-mean)"
+            )
+        if not 0.0 <= self.clip_ratio_low < 1.0:
+            raise ConfigError(
+                f"{ACTOR}.clip_ratio_low must be in [0, 1) (the ratio is clipped below at 1 - clip_ratio_low), got "
+                f"{self.clip_ratio_low}; DAPO uses 0.2"
+            )
+        if self.clip_ratio_high < 0.0:
+            raise ConfigError(
+                f"{ACTOR}.clip_ratio_high must be >= 0 (the ratio is clipped above at 1 + clip_ratio_high), got "
+                f"{self.clip_ratio_high}; DAPO uses 0.28"
+            )
+        if self.clip_ratio_c <= 1.0:
+            raise ConfigError(
+                f"{ACTOR}.clip_ratio_c must be > 1 (dual clip lower bound), got {self.clip_ratio_c}; "
+                f"set it to {CLIP_RATIO_C} (verl's default) or 10.0 (the paper's 32B run)"
+            )
+        if self.loss_scale_factor is not None and not self.loss_scale_factor > 0:
+            raise ConfigError(f"{ACTOR}.loss_scale_factor must be > 0 or null, got {self.loss_scale_factor}")
+
+    @classmethod
+    def from_actor(cls, actor: Mapping) -> LossSettings:
+        """From the actor section (``actor_rollout_ref.actor``, or the fields of verl's ``ActorConfig``).
+
+        As verl does: ``clip_ratio_low`` / ``clip_ratio_high`` left null fall back to ``clip_ratio``."""
+        d = cls.__dataclass_fields__
+        clip = select(actor, "clip_ratio")
+        low = select(actor, "clip_ratio_low", clip)
+        high = select(actor, "clip_ratio_high", clip)
+        factor = select(actor, "loss_scale_factor")
+        return cls(
+            loss_mode=str(select(actor, "policy_loss.loss_mode", d["loss_mode"].default)),
+            clip_ratio_low=check_float(f"{ACTOR}.clip_ratio_low", d["clip_ratio_low"].default if low is None else low),
+            clip_ratio_high=check_float(f"{ACTOR}.clip_ratio_high",
+                                        d["clip_ratio_high"].default if high is None else high),
+            clip_ratio_c=check_float(f"{ACTOR}.clip_ratio_c", select(actor, "clip_ratio_c", d["clip_ratio_c"].default)),
+            loss_agg_mode=str(select(actor, "loss_agg_mode", d["loss_agg_mode"].default)),
+            loss_scale_factor=None if factor is None else check_float(f"{ACTOR}.loss_scale_factor", factor),
+        )
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> LossSettings:
+        return cls.from_actor(select(config, ACTOR, {}))
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments every ``dapo.loss.LOSS_MODES`` function takes from the settings."""
+        return {
+            "clip_ratio_low": self.clip_ratio_low,
+            "clip_ratio_high": self.clip_ratio_high,
+            "clip_ratio_c": self.clip_ratio_c,
+            "loss_agg_mode": self.loss_agg_mode,
+            "loss_scale_factor": self.loss_scale_factor,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------- dynamic sampling
+
+
+@dataclass(frozen=True)
+class FilterSettings:
+    """Dynamic sampling's group filter, verl's ``algorithm.filter_groups``."""
+
+    enable: bool = field(default=False, metadata={"help": "drop groups whose metric is constant, regenerate"})
+    metric: str = field(default="acc", metadata={"help": f"one of {', '.join(FILTER_METRICS)}"})
+    max_num_gen_batches: int = field(default=0, metadata={"help": "generation rounds per step (0 = unbounded)"})
+
+    def __post_init__(self) -> None:
+        key = "algorithm.filter_groups"
+        if self.max_num_gen_batches < 0:
+            raise ConfigError(
+                f"{key}.max_num_gen_batches must be >= 0 (0 = unbounded), got {self.max_num_gen_batches}; "
+                "DAPO uses 10"
+            )
+        if not self.enable:
+            return
+        if self.metric in SHAPED_REWARD_METRICS:
+            raise ConfigError(
+                f"{key}.metric={self.metric!r} filters on the length-shaped reward, which keeps all-wrong groups whose "
+                f"responses differ only in length; DAPO filters on accuracy: set {key}.metric=acc"
+            )
+        if self.metric not in FILTER_METRICS:
+            raise ConfigError(
+                f"{key}.metric={self.metric!r} is unknown; use one of {', '.join(FILTER_METRICS)} (DAPO: acc)"
+            )
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> FilterSettings:
+        key = "algorithm.filter_groups"
+        d = cls.__dataclass_fields__
+        return cls(
+            enable=check_bool(f"{key}.enable", select(config, f"{key}.enable", d["enable"].default)),
+            metric=str(select(config, f"{key}.metric", d["metric"].default)),
+            max_num_gen_batches=check_int(
+                f"{key}.max_num_gen_batches", select(config, f"{key}.max_num_gen_batches", 0), minimum=0,
+                hint=" (0 = unbounded; DAPO uses 10)",
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Batch sizes and the batch filler's options (``dapo.sampling.*``, see :class:`dapo.sampling.BatchFiller`)."""
+
+    train_batch_size: int = field(metadata={"help": "data.train_batch_size: prompt groups per train step"})
+    gen_batch_size: int = field(metadata={"help": "data.gen_batch_size: prompts per round (null: train batch)"})
+    adaptive: bool = field(default=False, metadata={"help": "size rounds from the running kept fraction"})
+    min_gen_batch_size: int | None = field(default=None, metadata={"help": "adaptive lower bound (null: tbs / 4)"})
+    safety_margin: float = field(default=0.25, metadata={"help": "extra prompts per adaptive round, a fraction"})
+    carry_over: bool = field(default=False, metadata={"help": "keep surplus kept groups for the next step"})
+    max_carry_age: int = field(default=1, metadata={"help": "policy versions a carried group may lag"})
+    skip_saturated: bool = field(default=False, metadata={"help": "skip prompts on a constant streak, re-probe"})
+    saturation_window: int = field(default=2, metadata={"help": "constant groups in a row that saturate a prompt"})
+    reprobe_after: int = field(default=4, metadata={"help": "skipped offers before a saturated prompt is re-probed"})
+    kept_frac_decay: float = field(default=0.5, metadata={"help": "discount of the adaptive kept-fraction estimate"})
+
+    def __post_init__(self) -> None:
+        s = "dapo.sampling"
+        if self.min_gen_batch_size is not None and not 1 <= self.min_gen_batch_size <= self.gen_batch_size:
+            raise ConfigError(
+                f"{s}.min_gen_batch_size must be in [1, data.gen_batch_size={self.gen_batch_size}], got "
+                f"{self.min_gen_batch_size}; leave it null for ceil(data.train_batch_size / 4)"
+            )
+        if not (self.safety_margin >= 0 and math.isfinite(self.safety_margin)):
+            raise ConfigError(
+                f"{s}.safety_margin must be a finite number >= 0 (0.25 = 25% extra), got {self.safety_margin}"
+            )
+        if self.max_carry_age < 0:
+            raise ConfigError(f"{s}.max_carry_age must be >= 0 policy versions, got {self.max_carry_age}")
+        if self.saturation_window < 1:
+            raise ConfigError(f"{s}.saturation_window must be >= 1 sampled groups, got {self.saturation_window}")
+        if self.reprobe_after < 1:
+            raise ConfigError(
+                f"{s}.reprobe_after must be >= 1 skipped offers, got {self.reprobe_after}; "
+                f"to never skip, set {s}.skip_saturated=false"
+            )
+        if not 0.0 <= self.kept_frac_decay < 1.0:
+            raise ConfigError(f"{s}.kept_frac_decay must be in [0, 1), got {self.kept_frac_decay}")
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> SamplingSettings:
+        train = check_int("data.train_batch_size", select(config, "data.train_batch_size"), minimum=1)
+        gen = select(config, "data.gen_batch_size")
+        gen = train if gen is None else check_int("data.gen_batch_size", gen, minimum=1,
+                                              hint=" (null: data.train_batch_size; DAPO: 3 x data.train_batch_size)")
+        opts = dict(select(config, "dapo.sampling", {}))
+        known = [f.name for f in fields(cls)][2:]
+        unknown = sorted(set(opts) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown key(s) {unknown} under dapo.sampling; known: {', '.join(known)}")
+        d = cls.__dataclass_fields__
+        value = {name: d[name].default if opts.get(name) is None else opts[name] for name in known}
+        s = "dapo.sampling"
+        return cls(
+            train_batch_size=train,
+            gen_batch_size=gen,
+            adaptive=check_bool(f"{s}.adaptive", value["adaptive"]),
+            min_gen_batch_size=None if value["min_gen_batch_size"] is None
+            else check_int(f"{s}.min_gen_batch_size", value["min_gen_batch_size"], minimum=1),
+            safety_margin=check_float(f"{s}.safety_margin", value["safety_margin"]),
+            carry_over=check_bool(f"{s}.carry_over", value["carry_over"]),
+            max_carry_age=check_int(f"{s}.max_carry_age", value["max_carry_age"], minimum=0),
+            skip_saturated=check_bool(f"{s}.skip_saturated", value["skip_saturated"]),
+            saturation_window=check_int(f"{s}.saturation_window", value["saturation_window"], minimum=1),
+            reprobe_after=check_int(f"{s}.reprobe_after", value["reprobe_after"], minimum=1),
+            kept_frac_decay=check_float(f"{s}.kept_frac_decay", value["kept_frac_decay"]),
+        )
+
+    def filler_options(self) -> dict[str, Any]:
+        """The :class:`dapo.sampling.BatchFiller` keyword arguments beyond the batch sizes."""
+        return {f.name: getattr(self, f.name) for f in fields(self)[2:]}
+
+
+# ---------------------------------------------------------------------------------------------------- overlong
+
+
+@dataclass(frozen=True)
+class OverlongSettings:
+    """Overlong filtering (``dapo.overlong_filter``) and the soft overlong punishment (paper Eq. 13)."""
+
+    filter: bool = field(default=False, metadata={"help": "dapo.overlong_filter: truncated responses carry no loss"})
+    buffer_enable: bool = field(default=False, metadata={"help": "overlong_buffer_cfg.enable: Eq. 13's penalty"})
+    max_resp_len: int | None = field(default=None, metadata={"help": "L_max (null: data.max_response_length)"})
+    buffer_len: int | None = field(default=None, metadata={"help": "overlong_buffer_cfg.len: L_cache"})
+    penalty_factor: float = field(default=1.0, metadata={"help": "overlong_buffer_cfg.penalty_factor"})
+    log: bool = field(default=False, metadata={"help": "overlong_buffer_cfg.log: overlong_reward in extra info"})
+
+    def __post_init__(self) -> None:
+        if not self.buffer_enable:
+            return
+        key = "reward.reward_kwargs.overlong_buffer_cfg"
+        if self.buffer_len is None:
+            raise ConfigError(
+                f"{key}.enable=true needs {key}.len (the paper: 4096 of 20480 tokens); set it, or disable the soft "
+                "overlong punishment with enable=false"
+            )
+        from dapo.shaping import validate_overlong_params
+
+        try:
+            validate_overlong_params(self.max_resp_len, self.buffer_len, self.penalty_factor)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> OverlongSettings:
+        key = "reward.reward_kwargs"
+        max_resp_len = select(config, f"{key}.max_resp_len", select(config, "data.max_response_length"))
+        buffer_len = select(config, f"{key}.overlong_buffer_cfg.len")
+        return cls(
+            filter=check_bool("dapo.overlong_filter", select(config, "dapo.overlong_filter", False)),
+            buffer_enable=check_bool(f"{key}.overlong_buffer_cfg.enable",
+                                     select(config, f"{key}.overlong_buffer_cfg.enable", False)),
+            max_resp_len=None if max_resp_len is None else check_int(f"{key}.max_resp_len", max_resp_len, minimum=1),
+            buffer_len=None if buffer_len is None
+            else check_int(f"{key}.overlong_buffer_cfg.len", buffer_len, minimum=0),
+            penalty_factor=check_float(f"{key}.overlong_buffer_cfg.penalty_factor",
+                                  select(config, f"{key}.overlong_buffer_cfg.penalty_factor", 1.0)),
+            log=check_bool(f"{key}.overlong_buffer_cfg.log", select(config, f"{key}.overlong_buffer_cfg.log", False)),
+        )
+
+
+def eos_token_ids(
+    tokenizer_eos: int | Sequence[int] | None, generation_eos: int | Sequence[int] | None
+) -> tuple[int, ...]:
+    """The tokens that end a response: the tokenizer's ``eos_token_id`` plus the generation config's (sorted).
+
+    An instruct model often stops on two tokens (e.g. ``<|im_end|>`` in its generation config, ``<|endoftext|>`` as
+    the tokenizer's EOS); a response ending on either is complete, not truncated. Both engines call this.
+    """
+    ids: set[int] = set()
+    for value in (tokenizer_eos, generation_eos):
+        if value is None:
+            continue
+        ids.update(int(v) for v in ([value] if isinstance(value, int) else value) if v is not None)
+    if not ids:
+        raise ConfigError(
+            "neither the tokenizer nor the model's generation config defines an end-of-sequence token, so no response "
+            "could ever end; use a tokenizer with eos_token set (actor_rollout_ref.model.tokenizer_path)"
+        )
+    return tuple(sorted(ids))
+
+
+# ---------------------------------------------------------------------------------------------------- all of it
+
+
+@dataclass(frozen=True)
+class DapoSettings:
+    """Every DAPO decision both engines make from the config."""
+
+    loss: LossSettings
+    filter: FilterSettings
+    sampling: SamplingSettings
+    overlong: OverlongSettings
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> DapoSettings:
+        """From the composed config as a plain nested mapping (``OmegaConf.to_container(cfg, resolve=True)``)."""
+        return cls(
+            loss=LossSettings.from_config(config),
+            filter=FilterSettings.from_config(config),
+            sampling=SamplingSettings.from_config(config),
+            overlong=OverlongSettings.from_config(config),
+        )
