@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from dapo.metrics import entropy_from_logits
-from recipe.embedded.rollout import SamplingParams, left_pad, response_mask_from_eos, right_pad
+from recipe.embedded.rollout import SamplingParams, batched_log_probs, left_pad, response_mask_from_eos, right_pad
 
 
 def filter_logits(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -205,17 +205,9 @@ def _repeat_cache(cache, counts: torch.Tensor) -> None:
         layer.values = layer.values.repeat_interleave(counts, dim=0)
 
 
-@torch.no_grad()
 def batched_shared_log_probs(model, prompts, response_ids, response_mask, *, temperature, pad_id, micro_batch_size):
     """:func:`shared_prompt_log_probs` in chunks of ``micro_batch_size`` rows, without gradients, on the CPU."""
-    was_training = model.training
-    model.eval()
-    out = []
-    for start in range(0, response_ids.shape[0], micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
-        log_prob, _ = shared_prompt_log_probs(
-            model, prompts[rows], response_ids[rows], response_mask[rows], temperature=temperature, pad_id=pad_id
-        )
-        out.append(log_prob.cpu())
-    model.train(was_training)
-    return torch.cat(out, dim=0)  # [N, T]
+    return batched_log_probs(
+        model, prompts, response_ids, response_mask, temperature=temperature, pad_id=pad_id,
+        micro_batch_size=micro_batch_size, log_prob_fn=shared_prompt_log_probs,
+    )

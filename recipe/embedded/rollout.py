@@ -133,14 +133,18 @@ def sequence_log_probs(
 
 
 @torch.no_grad()
-def batched_log_probs(model, prompts, response_ids, response_mask, *, temperature, pad_id, micro_batch_size):
-    """:func:`sequence_log_probs` in chunks of ``micro_batch_size`` rows, without gradients, on the CPU."""
+def batched_log_probs(
+    model, prompts, response_ids, response_mask, *, temperature, pad_id, micro_batch_size,
+    log_prob_fn=sequence_log_probs,
+):
+    """``log_prob_fn`` (:func:`sequence_log_probs` or ``decode.shared_prompt_log_probs``) in chunks of
+    ``micro_batch_size`` rows, without gradients, on the CPU."""
     was_training = model.training
     model.eval()
     out = []
     for start in range(0, response_ids.shape[0], micro_batch_size):
         rows = slice(start, start + micro_batch_size)
-        log_prob, _ = sequence_log_probs(
+        log_prob, _ = log_prob_fn(
             model, prompts[rows], response_ids[rows], response_mask[rows], temperature=temperature, pad_id=pad_id
         )
         out.append(log_prob.cpu())
