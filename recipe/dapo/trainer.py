@@ -18,11 +18,15 @@ plus the model's generation config's (:func:`dapo.settings.eos_token_ids`, the e
 Metric: ``dapo/overlong_frac``, the fraction of the step's trained responses that were truncated (masked out when
 ``dapo.overlong_filter=true``).
 
+Also: ``dapo/weight_sync/*`` after verl's old-log-prob pass (``recipe/dapo/weight_sync.py``), and the sampler's
+state saved in and restored from verl's checkpoints (``recipe/dapo/sampler_state.py``).
+
 Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.sampler.custom_sampler``).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -37,6 +41,8 @@ from verl.workers.utils.padding import response_to_nested
 
 from dapo.loss import overlong_filter_mask, truncated_responses
 from dapo.settings import OverlongSettings, eos_token_ids
+from recipe.dapo.sampler_state import load_sampler_state, save_sampler_state
+from recipe.dapo.weight_sync import weight_sync_metrics
 
 TRAINER_MODE = "dapo"
 SAMPLER = ("pkg://recipe.dapo.sampler", "DAPOReplayBuffer")
@@ -113,15 +119,35 @@ class DAPOTrainer(PPOTrainerSync):
         )
         return super()._update_actor(batch, metrics)
 
+    def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        batch = super()._compute_old_log_prob(batch, metrics)
+        if self.config.actor_rollout_ref.rollout.calculate_log_probs:  # recipe/dapo/weight_sync.py
+            metrics.update(weight_sync_metrics(batch))
+        return batch
+
     def _save_checkpoint(self):
-        """verl's checkpoint, plus ``run.json``: what run it belongs to, checked by ``main_dapo.check_inputs`` before
-        a later start resumes it."""
+        """verl's checkpoint, plus the sampler's state (``dapo_sampler.pt``, written before verl's
+        ``latest_checkpointed_iteration.txt``: recipe/dapo/sampler_state.py) and ``run.json``: what run it belongs
+        to, checked by ``main_dapo.check_inputs`` before a later start resumes it."""
+        step_dir = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        save_sampler_state(self.replay_buffer, str(step_dir))
         super()._save_checkpoint()
         from recipe.embedded.identity import run_identity, write_identity
 
-        step_dir = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
         if step_dir.is_dir():
             write_identity(step_dir, run_identity(self.config))
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.global_steps > 0:  # verl resumed from global_step_{global_steps}
+            mode = self.config.trainer.resume_mode
+            root = self.config.trainer.resume_from_path if mode == "resume_path" else None
+            step_dir = os.path.abspath(root or os.path.join(self.config.trainer.default_local_dir,
+                                                            f"global_step_{self.global_steps}"))
+            state = load_sampler_state(self.replay_buffer, step_dir)
+            if state is not None:
+                print(f"DAPO sampler state restored from {step_dir} (kept-fraction estimate "
+                      f"{state['kept_frac_num']:.3g}/{state['kept_frac_den']:.3g}, totals {state['totals']})")
 
 
 def response_eos_ids(model_config) -> tuple[int, ...]:

@@ -70,3 +70,19 @@ class CPUWorkerExtension(vLLMColocateWorkerExtension):
     def __new__(cls, **kwargs):
         keep_live_linear_weights()
         return super().__new__(cls, **kwargs)
+
+
+class StaleSyncWorkerExtension(CPUWorkerExtension):
+    """A deliberately broken sync, for checking the check: applies the first weight sync (the one that replaces
+    vLLM's dummy start-up weights) and receives but discards every later one, so the rollout keeps generating
+    with the initial policy while the actor trains. ``dapo/weight_sync/*`` must then show the policy's change
+    (tests/test_verl_cpu.py). Never use it to train."""
+
+    def update_weights_from_ipc(self, *args, **kwargs):
+        self._dapo_syncs_seen = getattr(self, "_dapo_syncs_seen", 0) + 1
+        return super().update_weights_from_ipc(*args, **kwargs)
+
+    def _update_weights(self, weights, *args, **kwargs):
+        if getattr(self, "_dapo_syncs_seen", 0) > 1:
+            return None  # received (the sender needs it consumed) and dropped
+        return super()._update_weights(weights, *args, **kwargs)

