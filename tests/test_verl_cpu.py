@@ -45,9 +45,35 @@ def _env(run_dir: Path) -> dict[str, str]:
     return env
 
 
+def _ray_temp_dir(run_dir: Path) -> str:
+    """A Ray temp dir of this run's own (short: Ray's socket paths must fit 107 characters)."""
+    return f"/tmp/ray-dapo-{abs(hash(str(run_dir))) % 10**8}"
+
+
 def _overrides(run_dir: Path, **extra) -> list[str]:
-    values = {"trainer.default_local_dir": str(run_dir), "trainer.experiment_name": run_dir.name, **extra}
+    values = {"trainer.default_local_dir": str(run_dir), "trainer.experiment_name": run_dir.name,
+              "+ray_kwargs.ray_init._temp_dir": _ray_temp_dir(run_dir), **extra}
     return [f"{key}={value}" for key, value in values.items()]
+
+
+def _kill_ray_processes(marker: str) -> list[int]:
+    """SIGKILL the processes whose command line names ``marker`` (this test's Ray temp dir): the Ray processes this
+    test started, and no one else's (``ray stop`` would stop every Ray on the machine)."""
+    killed = []
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            try:
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+                killed.append(int(proc_dir.name))
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 def train(run_dir: Path, **extra) -> subprocess.CompletedProcess:
@@ -179,7 +205,7 @@ def test_killed_after_a_checkpoint_resumes_at_the_next_step_with_the_sampler_sta
         finally:
             os.killpg(first.pid, signal.SIGKILL)  # the whole process group: driver, Ray, workers, vLLM
             first.wait(timeout=60)
-    subprocess.run([str(VERL_PY), "-m", "ray.scripts.scripts", "stop", "--force"], env=env, capture_output=True)
+    _kill_ray_processes(_ray_temp_dir(run_dir))  # Ray's own processes outlive the killed driver's group
     saved = torch.load(run_dir / "global_step_2" / "dapo_sampler.pt", weights_only=False)["filler"]
     assert saved["totals"]["steps"] == 2
 
@@ -211,25 +237,30 @@ def test_launcher_submits_to_a_two_node_ray_cluster(tmp_path):
     env = _env(run_dir)
     env["PATH"] = f"{VERL_PY.parent}:{env['PATH']}"
     port, dashboard = _free_port(), _free_port()
+    temp_dir = _ray_temp_dir(run_dir)
+    runtime_env = (REPO / "scripts" / "verl_cpu_runtime_env.yaml").read_text().replace(
+        "env_vars:\n", f"env_vars:\n  VERL_FILE_LOGGER_PATH: {run_dir / 'metrics.jsonl'}\n", 1)
+    (run_dir / "runtime_env.yaml").write_text(runtime_env)
     assets = Path(os.environ.get("DAPO_CACHE_DIR", Path.home() / ".cache" / "dapo-verl")) / "verl-cpu"
     subprocess.run([str(VERL_PY), "-m", "recipe.dapo.cpu.prepare"], cwd=REPO, env=env, check=True, capture_output=True)
     try:
         subprocess.run([ray, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1",
-                        f"--dashboard-port={dashboard}", "--num-cpus=8", "--num-gpus=1", "--disable-usage-stats"],
+                        f"--dashboard-port={dashboard}", "--num-cpus=8", "--num-gpus=1", "--disable-usage-stats",
+                        f"--temp-dir={temp_dir}"],
                        env=env, check=True, capture_output=True, timeout=180)
-        subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", "--num-cpus=8", "--num-gpus=1"],
+        subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", "--num-cpus=8", "--num-gpus=1",
+                        f"--temp-dir={temp_dir}"],
                        env=env, check=True, capture_output=True, timeout=180)
         launcher_env = dict(env, NNODES="2", GPUS_PER_NODE="1", EXPERIMENT="cpu_tiny",
                             RAY_ADDRESS=f"http://127.0.0.1:{dashboard}", PYTHON=str(VERL_PY),
-                            RUNTIME_ENV=str(REPO / "scripts" / "verl_cpu_runtime_env.yaml"),
+                            RUNTIME_ENV=str(run_dir / "runtime_env.yaml"),
                             MODEL_PATH=str(assets / "model"), TRAIN_FILES=str(assets / "train.parquet"),
                             VAL_FILES=str(assets / "val.parquet"), CKPT_DIR=str(run_dir), SAVE_FREQ="-1",
                             TEST_FREQ="2", SP_SIZE="1", OFFLOAD="false", GEN_TP="1", GPU_MEMORY_UTILIZATION="0.5",
                             MAX_TOKENS_PER_GPU="1024", EXPERIMENT_NAME="launcher")
         extra = ["trainer.total_training_steps=2", "trainer.logger=[console,file]",
                  # the job joins the running cluster: resources come from `ray start`, not from ray.init
-                 "ray_kwargs.ray_init.num_cpus=null", "~ray_kwargs.ray_init.num_gpus",
-                 f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir / 'metrics.jsonl'}"]
+                 "ray_kwargs.ray_init.num_cpus=null", "~ray_kwargs.ray_init.num_gpus"]
         with open(run_dir / "console.log", "w") as log:
             proc = subprocess.run(["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh"), *extra], cwd=REPO,
                                   env=launcher_env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
@@ -238,4 +269,5 @@ def test_launcher_submits_to_a_two_node_ray_cluster(tmp_path):
         assert {1, 2} <= set(steps) and VAL_ACC in steps[2]
         assert "succeeded" in (run_dir / "console.log").read_text()
     finally:
-        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        # the cluster this test started, by its temp dir (`ray stop` would stop every Ray on the machine)
+        _kill_ray_processes(temp_dir)

@@ -274,7 +274,8 @@ def test_overlong_filter_zeroes_truncated_masks(transfer_queue, length_tags):
     # row 4 is verl's batch padding (never counted, never touched) -> 1 truncated of 4 real responses
     batch = put_batch([5, 5, 3, 2, 5], [False, True, True, False, False], padding={4}, length_tags=length_tags)
     metrics = apply_overlong_filter(batch, eos_token_id=1, max_response_length=5, enable=True)
-    assert metrics == {"dapo/overlong_frac": 0.25}
+    # loss tokens: 3 + 2 below the limit, 0 (truncated, masked) + 5 (EOS) at the limit; padding not counted
+    assert metrics == {"dapo/overlong_frac": 0.25, "dapo/loss_tokens": 0 + 5 + 3 + 2}
     response_masks, loss_masks = masks(batch)
     assert response_masks == loss_masks == [[0] * 5, [1] * 5, [1] * 3, [1] * 2, [1] * 5]
     clear_partition()

@@ -53,8 +53,9 @@ def apply_overlong_filter(
 ) -> dict[str, float]:
     """Zero ``response_mask`` and ``loss_mask`` of the truncated responses of ``batch`` in the TransferQueue.
 
-    Returns ``{"dapo/overlong_frac": ...}`` over the batch's real (non-padding) responses; with ``enable=False``
-    only measures. Only responses at the length limit are read back from the TransferQueue (their lengths are in
+    Returns ``dapo/overlong_frac`` over the batch's real (non-padding) responses and ``dapo/loss_tokens``, the
+    response tokens the loss counts after the filter (the responses below the limit by their length, the ones at
+    the limit by their ``loss_mask`` as written back); with ``enable=False`` only measures. Only responses at the length limit are read back from the TransferQueue (their lengths are in
     the tags verl's agent loop writes), so the cost follows the truncated fraction, not the batch.
     """
     real = [not tag.get("is_padding", False) for tag in batch.tags]
@@ -65,6 +66,7 @@ def apply_overlong_filter(
     at_limit = [i for i, n in enumerate(lengths) if real[i] and n >= max_response_length]
 
     num_truncated = 0
+    loss_tokens = sum(n for i, n in enumerate(lengths) if real[i] and n < max_response_length)
     if at_limit:
         keys = [batch.keys[i] for i in at_limit]
         fields = ["responses", "response_mask", "loss_mask"]
@@ -83,8 +85,11 @@ def apply_overlong_filter(
                 for name in ("response_mask", "loss_mask")
             }
             tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=TensorDict(masks, batch_size=len(keys)))
+            loss_tokens += int(masks["loss_mask"].values().sum())
+        else:
+            loss_tokens += int(data["loss_mask"].values().sum())
     num_real = sum(real)
-    return {"dapo/overlong_frac": num_truncated / num_real if num_real else 0.0}
+    return {"dapo/overlong_frac": num_truncated / num_real if num_real else 0.0, "dapo/loss_tokens": loss_tokens}
 
 
 @register_trainer(TRAINER_MODE)
