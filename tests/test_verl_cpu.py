@@ -8,6 +8,7 @@ without the environment skips them, saying how to set it up. ``make test ARGS="-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,18 +58,25 @@ def _overrides(run_dir: Path, **extra) -> list[str]:
     return [f"{key}={value}" for key, value in values.items()]
 
 
+def _uses(proc_dir: Path, marker: str) -> bool:
+    """Whether a process names ``marker`` in its command line or holds a file under it open (Ray's agents rename
+    themselves, ``ray::DashboardAgent``, but keep their session's log files open)."""
+    try:
+        if marker.encode() in (proc_dir / "cmdline").read_bytes():
+            return True
+        return any(marker in os.readlink(fd) for fd in (proc_dir / "fd").iterdir())
+    except OSError:
+        return False
+
+
 def _kill_ray_processes(marker: str) -> list[int]:
-    """SIGKILL the processes whose command line names ``marker`` (this test's Ray temp dir): the Ray processes this
-    test started, and no one else's (``ray stop`` would stop every Ray on the machine)."""
+    """SIGKILL the processes that use ``marker`` (this test's Ray temp dir): the Ray processes this test started,
+    and no one else's (``ray stop`` would stop every Ray on the machine)."""
     killed = []
     for proc_dir in Path("/proc").iterdir():
         if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
             continue
-        try:
-            cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
+        if _uses(proc_dir, marker):
             try:
                 os.kill(int(proc_dir.name), signal.SIGKILL)
                 killed.append(int(proc_dir.name))
@@ -101,14 +110,29 @@ def _tail(run_dir: Path) -> str:
 VAL_ACC = "val-core/synthetic_addition/acc/mean@2"
 
 
+@contextlib.contextmanager
+def _own_tmp():
+    """A directory outside pytest's basetemp: these runs take minutes, and pytest sessions running meanwhile on the
+    same machine rotate (delete) older basetemps."""
+    with tempfile.TemporaryDirectory(prefix="dapo-verl-cpu-") as tmp:
+        yield Path(tmp)
+
+
+@pytest.fixture
+def own_tmp():
+    with _own_tmp() as tmp:
+        yield tmp
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # one healthy run: 3 steps, validation before and at step 2, a checkpoint at step 2 (and the last step)
 @pytest.fixture(scope="module")
-def healthy_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("verl-cpu") / "healthy"
-    proc = train(run_dir, **{"trainer.total_training_steps": 3})
-    assert proc.returncode == 0, _tail(run_dir)
-    return run_dir, metrics(run_dir)
+def healthy_run():
+    with _own_tmp() as tmp:
+        run_dir = tmp / "healthy"
+        proc = train(run_dir, **{"trainer.total_training_steps": 3})
+        assert proc.returncode == 0, _tail(run_dir)
+        yield run_dir, metrics(run_dir)
 
 
 def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
@@ -142,10 +166,10 @@ def test_rollout_weights_follow_the_actor(healthy_run):
         assert steps[step]["dapo/weight_sync/logprob_diff_mean"] <= steps[step]["dapo/weight_sync/logprob_diff_max"]
 
 
-def test_a_stale_rollout_is_caught_by_the_weight_sync_metric(tmp_path):
+def test_a_stale_rollout_is_caught_by_the_weight_sync_metric(own_tmp):
     """Same run with syncs after the first dropped (StaleSyncWorkerExtension) and a learning rate that moves the
     policy: the rollout samples with the initial weights, and the metric shows the actor's change."""
-    run_dir = tmp_path / "stale"
+    run_dir = own_tmp / "stale"
     extension = "recipe.dapo.cpu.vllm_worker.StaleSyncWorkerExtension"
     proc = train(run_dir, **{"trainer.total_training_steps": 3, "trainer.save_freq": -1, "trainer.test_freq": -1,
                              "trainer.val_before_train": False, "actor_rollout_ref.actor.optim.lr": 1e-3,
@@ -157,10 +181,10 @@ def test_a_stale_rollout_is_caught_by_the_weight_sync_metric(tmp_path):
     assert max(steps[s]["dapo/weight_sync/logprob_diff_max"] for s in (2, 3)) > 1e-2, steps
 
 
-def test_truncated_responses_are_counted_and_left_out_of_the_loss(tmp_path):
+def test_truncated_responses_are_counted_and_left_out_of_the_loss(own_tmp):
     """A 4-token budget cuts 3-digit answers ("Answer:", 3 digits, EOS is 5 tokens): dapo/overlong_frac > 0, and the
     tokens the actor trained on (verl's loss-mask count) exclude the truncated responses' tokens."""
-    run_dir = tmp_path / "overlong"
+    run_dir = own_tmp / "overlong"
     proc = train(run_dir, **{"trainer.total_training_steps": 2, "trainer.save_freq": -1, "trainer.test_freq": -1,
                              "trainer.val_before_train": False, "data.max_response_length": 4,
                              "reward.reward_kwargs.overlong_buffer_cfg.len": 1})
@@ -188,8 +212,8 @@ def _wait_for(predicate, proc, timeout_s: float, what: str) -> None:
         time.sleep(2)
 
 
-def test_killed_after_a_checkpoint_resumes_at_the_next_step_with_the_sampler_state(tmp_path):
-    run_dir = tmp_path / "resume"
+def test_killed_after_a_checkpoint_resumes_at_the_next_step_with_the_sampler_state(own_tmp):
+    run_dir = own_tmp / "resume"
     run_dir.mkdir()
     common = {"trainer.total_training_steps": 4, "trainer.save_freq": 2, "trainer.test_freq": -1,
               "trainer.val_before_train": False}
@@ -228,11 +252,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_launcher_submits_to_a_two_node_ray_cluster(tmp_path):
+def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
     """scripts/train_dapo_qwen32b.sh, unchanged, submits cpu_tiny with `ray job submit` to a head and a worker node
     started here (one logical GPU each): FSDP spans the two nodes over gloo; the job trains and finishes."""
     ray = str(VERL_PY.parent / "ray")
-    run_dir = tmp_path / "launcher"
+    run_dir = own_tmp / "launcher"
     run_dir.mkdir()
     env = _env(run_dir)
     env["PATH"] = f"{VERL_PY.parent}:{env['PATH']}"
