@@ -38,9 +38,10 @@ bench: setup
 VERL_CPU_VENV ?= .venv-verl-cpu
 verl-cpu-setup: $(VERL_CPU_VENV)/.installed
 
-$(VERL_CPU_VENV)/.installed: pyproject.toml constraints/verl-cpu.txt constraints/verl-cpu-requirements.txt scripts/setup_verl_cpu.sh
-	VENV_VERL_CPU=$(VERL_CPU_VENV) bash scripts/setup_verl_cpu.sh
-	touch $@
+$(VERL_CPU_VENV)/.installed: pyproject.toml setup.py constraints/verl-cpu.txt constraints/verl-cpu-requirements.txt scripts/setup_verl_cpu.sh
+	@VENV_VERL_CPU=$(VERL_CPU_VENV) bash scripts/setup_verl_cpu.sh
+	@touch $@
 
 verl-cpu: verl-cpu-setup
-	$(VERL_CPU_VENV)/bin/python -m recipe.dapo.cpu.run $(ARGS)
+	@echo "verl-cpu: $(VERL_CPU_VENV)/bin/python -m recipe.dapo.cpu.run $(ARGS)"
+	@$(VERL_CPU_VENV)/bin/python -m recipe.dapo.cpu.run $(ARGS)
