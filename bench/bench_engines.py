@@ -41,7 +41,8 @@ def shared_overrides(steps: int) -> list[str]:
     return [
         "data.train_batch_size=4", "data.gen_batch_size=8", "data.max_response_length=8", "data.val_max_samples=32",
         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.val_kwargs.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.optim.lr=4e-05",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.optim.lr=4e-05",
         "actor_rollout_ref.actor.optim.lr_warmup_steps=0", f"trainer.total_training_steps={steps}",
         f"trainer.test_freq={steps}", "trainer.val_before_train=true", "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
