@@ -20,7 +20,6 @@ One runtime patch of verl, because no extension point exists: see :func:`patch_p
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import types
@@ -33,8 +32,6 @@ import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 from recipe.dapo.cpu.versions import check_versions
-
-logger = logging.getLogger(__name__)
 
 PLATFORM_NAME = "cpu"
 _IMPORT_BY_NAME = "from verl.utils.distributed import initialize_global_process_group_ray"

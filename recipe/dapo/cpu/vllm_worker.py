@@ -24,6 +24,7 @@ method.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 import torch
@@ -46,8 +47,6 @@ def keep_live_linear_weights() -> None:
             "constraints/verl-cpu.txt and update the extension"
         )
     for caller in ("linear.py", "vocab_parallel_embedding.py"):  # both import it at call time, by module attribute
-        import importlib
-
         module = importlib.import_module(f"vllm.model_executor.layers.{caller[:-3]}")
         if "from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm" not in inspect.getsource(module):
             raise RuntimeError(
