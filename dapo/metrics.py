@@ -33,7 +33,8 @@ METRIC_DOCS: dict[str, str] = {
     "dapo/weight_sync/logprob_diff_max": "verl engine: max |actor log-prob - rollout log-prob| of the sampled tokens; ~1e-5 in fp32, ~1e-2 bf16 vs fp32; large means stale rollout weights",
     "dapo/weight_sync/logprob_diff_mean": "verl engine: mean of the same gap over the step's response tokens",
     "dapo/overlong_penalty/mean": "mean soft overlong punishment added to the score (0 until responses enter the buffer)",
-    "critic/score/mean": "mean task score (+1 correct / -1 wrong, before length shaping) of the trained responses; should rise",
+    "critic/score/mean": "mean task score (+1 correct / -1 wrong, before length shaping) of the trained responses; should rise. "
+    "verl engine: verl computes it from the reward manager's reward, so it includes the overlong penalty there",
     "critic/rewards/mean": "mean shaped reward (score + overlong penalty) of the trained responses",
     "critic/advantages/mean": "mean advantage over valid tokens; near 0 by construction",
     "critic/advantages/max": "largest advantage in the batch",
