@@ -14,7 +14,7 @@ The fix, in vLLM's worker processes only: :class:`CPUWorkerExtension` is verl's 
 replaces ``dispatch_cpu_unquantized_gemm`` so that 2-D linear weights stay in place and are computed with
 ``torch.nn.functional.linear`` from the live Parameter. verl's ``load_weights`` then writes into the weights the
 forward pass reads, and every later sync is seen. Cost: no oneDNN/AMX prepacked GEMM, irrelevant for the tiny
-models this runs. The ``dapo/weight_sync/*`` metrics (recipe/dapo/cpu/weight_sync.py) check that it works.
+models this runs. The ``dapo/weight_sync/*`` metrics (recipe/dapo/weight_sync.py) check that it works.
 
 An alternative through vLLM alone, not taken: vLLM 0.32's layerwise reload
 (``vllm/model_executor/model_loader/reload``) restores and re-processes layers around ``load_weights``, but verl's
