@@ -155,18 +155,26 @@ def main(argv: list[str] | None = None) -> int:
     if not python.exists():
         raise SystemExit(f"{python} is missing: run `make verl-cpu-setup`, or pass --verl-python / DAPO_VERL_CPU_PYTHON")
     results: dict[str, dict] = {}
+    failed: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sampling-verl-") as tmp:
         out = args.keep or Path(tmp)
         for name in args.only or CONTENDERS:
-            results[name] = run_contender(name, args.steps, python, out)
+            try:
+                results[name] = run_contender(name, args.steps, python, out)
+            except RuntimeError as error:  # a contender that cannot run is a result: say why, run the others
+                log = out / f"{slug(name)}.log"
+                tail = log.read_text(errors="replace").splitlines()[-30:] if log.is_file() else []
+                print(f"--- {name} failed: {error}\n" + "\n".join(tail), flush=True)
+                failed[name] = {"error": str(error), "log_tail": tail}
     ratio = ratios(results) if "ours" in results else {}
     fmt = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
     rows = [[name, *(fmt(r[k]) for k in FIGURES)] for name, r in results.items()]
+    rows += [[name, "failed (log above)", *[""] * (len(FIGURES) - 1)] for name in failed]
     rows += [[f"{name} / ours", *(fmt(rr[k]) if k in rr else "" for k in FIGURES)] for name, rr in ratio.items()]
     print_table(["contender", *FIGURES], rows)
-    write_json(args.json, {"steps": args.steps, "contenders": {n: CONTENDERS[n] for n in results},
-                           "results": results, "ratio_to_ours": ratio})
-    return 0
+    write_json(args.json, {"steps": args.steps, "contenders": {n: CONTENDERS[n] for n in [*results, *failed]},
+                           "results": results, "failed": failed, "ratio_to_ours": ratio})
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
