@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be at least 2 (step time is measured after the first step)")
     python = verl_python(args.verl_python)
     if not python.exists():
-        raise SystemExit(f"{python} is missing: run `make verl-cpu-setup`, or pass --verl-python / DAPO_VERL_CPU_PYTHON")
+        raise SystemExit(f"{python} is missing: run `make verl-cpu-setup` (or pass --verl-python, DAPO_VERL_CPU_PYTHON)")
     results: dict[str, dict] = {}
     failed: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sampling-verl-") as tmp:
