@@ -22,7 +22,8 @@ Figures, read from the metrics verl's ``file`` logger writes (one JSON line per 
   filtered_per_step groups dropped by the filter per step (ours: ``dapo/filtered_all_{correct,wrong}``; verl:
                     ``training/filter_groups/evicted_samples``)
   surplus_per_step  kept groups generated beyond the batch, per step (discarded, or carried with carry-over)
-  step_s            median ``timing_s/step`` over the steps after the first (start-up excluded)
+  step_s            mean ``timing_s/step`` over the steps after the first (start-up excluded): a step with an extra
+                    generation round costs its round here; step_s_median: the median, a typical step
   val_acc           validation accuracy (mean@2 over 32 problems) after the last step; before: at step 0
 
 Run: python -m bench.bench_sampling_verl [--steps N] [--json PATH] [--verl-python PATH]
@@ -59,7 +60,7 @@ CONTENDERS: dict[str, list[str]] = {
     ],
 }
 FIGURES = ("gen_per_trained", "rounds_per_step", "filtered_per_step", "surplus_per_step", "step_s",
-           "val_acc_before", "val_acc", "wall_s")
+           "step_s_median", "val_acc_before", "val_acc", "wall_s")
 RATIO_FIGURES = ("gen_per_trained", "rounds_per_step", "step_s")
 
 
@@ -114,7 +115,8 @@ def summarize(records: dict[int, dict], steps: int, train_batch_size: int) -> di
         "rounds_per_step": rounds,
         "filtered_per_step": statistics.mean(filtered),
         "surplus_per_step": statistics.mean(surplus),
-        "step_s": statistics.median(step_times) if step_times else None,
+        "step_s": statistics.mean(step_times) if step_times else None,
+        "step_s_median": statistics.median(step_times) if step_times else None,
         "val_acc_before": records.get(0, {}).get(VAL_KEY_VERL),
         "val_acc": records.get(steps, {}).get(VAL_KEY_VERL),
     }
@@ -153,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be at least 2 (step time is measured after the first step)")
     python = verl_python(args.verl_python)
     if not python.exists():
-        raise SystemExit(f"{python} is missing: run `make verl-cpu-setup` (or pass --verl-python, DAPO_VERL_CPU_PYTHON)")
+        fix = "run `make verl-cpu-setup`, or pass --verl-python / DAPO_VERL_CPU_PYTHON"
+        raise SystemExit(f"{python} is missing: {fix}")
     results: dict[str, dict] = {}
     failed: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sampling-verl-") as tmp:

@@ -98,7 +98,7 @@ def test_summary_of_our_sampler(tmp_path):
     assert s["rounds_per_step"] == (2 + 1 + 1) / 3
     assert s["filtered_per_step"] == (5 + 1 + 4) / 3
     assert s["surplus_per_step"] == (3 + 3 + 0) / 3
-    assert s["step_s"] == 4.0  # median of steps 2 and 3; step 1 excluded
+    assert s["step_s"] == s["step_s_median"] == (3.0 + 5.0) / 2  # steps 2 and 3; step 1 (start-up) excluded
     assert (s["val_acc_before"], s["val_acc"]) == (0.25, 0.5)
 
 
@@ -113,6 +113,16 @@ def test_summary_of_verls_filter_counts_every_generated_group(tmp_path):
     assert s["rounds_per_step"] is None  # verl logs no count of its refill dispatches
     assert (s["filtered_per_step"], s["surplus_per_step"]) == (3, 1)
     assert s["step_s"] == 4.0 and s["val_acc"] is None
+
+
+def test_step_time_mean_counts_the_extra_rounds_the_median_hides(tmp_path):
+    times = [9.0, 2.0, 2.0, 8.0]  # step 4 ran a second generation round
+    metrics = _write(tmp_path / "m.jsonl", [
+        {"step": s, "data": {"timing_s/step": t, "training/filter_groups/evicted_samples": 0}}
+        for s, t in enumerate(times, start=1)
+    ])
+    s = bench.summarize(bench.read_records(metrics), steps=4, train_batch_size=4)
+    assert s["step_s"] == (2.0 + 2.0 + 8.0) / 3 and s["step_s_median"] == 2.0
 
 
 def test_summary_refuses_a_run_that_ended_early(tmp_path):
