@@ -32,6 +32,8 @@ METRIC_DOCS: dict[str, str] = {
     "dapo/loss_tokens": "verl engine: response tokens the loss counts after overlong filtering (truncated responses contribute none)",
     "dapo/weight_sync/logprob_diff_max": "verl engine: max |actor log-prob - rollout log-prob| of the sampled tokens; ~1e-5 in fp32, ~1e-2 bf16 vs fp32; large means stale rollout weights",
     "dapo/weight_sync/logprob_diff_mean": "verl engine: mean of the same gap over the step's response tokens",
+    "response/repeat_ngram_frac": "embedded engine: fraction of trained responses in which some n-gram of token ids "
+    "(n = dapo.metrics.REPEAT_NGRAM) occurs twice or more; low, rising means repetition loops (the paper's Fig. 4)",
     "dapo/overlong_penalty/mean": "mean soft overlong punishment added to the score (0 until responses enter the buffer)",
     "critic/score/mean": "mean task score (+1 correct / -1 wrong, before length shaping) of the trained responses; should rise. "
     "verl engine: verl computes it from the reward manager's reward, so it includes the overlong penalty there",
@@ -84,6 +86,37 @@ def response_length_metrics(response_mask: torch.Tensor, truncated: torch.Tensor
         "response_length/min": length.min().item(),
         "response_length/clip_ratio": truncated.float().mean().item(),
     }
+
+
+REPEAT_NGRAM = 4  # n of response/repeat_ngram_frac: a 4-gram of token ids occurring twice or more
+
+
+def repeat_ngram_frac(response_ids: torch.Tensor, response_mask: torch.Tensor, n: int = REPEAT_NGRAM) -> float:
+    """Fraction of responses ``[N, T]`` (right-padded, ``response_mask`` ``[N, T]`` 1 on real tokens) in which some
+    n-gram of token ids occurs at least twice, overlapping occurrences included (``a a a a a`` repeats ``a a a a``
+    with n = 4). The paper's §3.3 names repetition as the low-quality long pattern that a per-sample loss
+    under-penalises; this is its cheapest exact measure. A response shorter than n + 1 tokens cannot repeat.
+
+    Exact, no hashing: the windows of each row are sorted lexicographically (a stable sort on each of the n columns,
+    last to first), so equal n-grams end up adjacent."""
+    if n < 1:
+        raise ValueError(f"repeat_ngram_frac: n must be >= 1, got {n}")
+    N, T = response_ids.shape
+    if T < n or N == 0:
+        return 0.0
+    windows = response_ids.long().unfold(1, n, 1).clone()  # [N, W, n], W = T - n + 1
+    valid = response_mask.bool().unfold(1, n, 1).all(-1)  # [N, W] windows wholly inside the response
+    W = windows.shape[1]
+    # a window that reaches into the padding gets a first token of its own (negative, ids are >= 0): it equals none
+    sentinel = -1 - torch.arange(W, device=windows.device).expand(N, W)  # [N, W]
+    windows[..., 0] = torch.where(valid, windows[..., 0], sentinel)
+    order = torch.arange(W, device=windows.device).expand(N, W)  # [N, W]
+    for col in reversed(range(n)):  # least significant column first; stable sorts keep the earlier columns' order
+        keys = windows.gather(1, order.unsqueeze(-1).expand(N, W, n))[..., col]  # [N, W]
+        order = order.gather(1, keys.sort(dim=1, stable=True).indices)
+    ordered = windows.gather(1, order.unsqueeze(-1).expand(N, W, n))  # [N, W, n] lexicographic per row
+    repeated = (ordered[:, 1:] == ordered[:, :-1]).all(-1).any(-1)  # [N] two equal adjacent windows
+    return repeated.float().mean().item()
 
 
 def mean_metrics(records: Iterable[Mapping[str, float]]) -> dict[str, float]:

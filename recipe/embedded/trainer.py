@@ -50,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dapo.advantage import group_advantages
 from dapo.loss import LOSS_MODES, aggregate_loss, masked_mean, overlong_filter_mask, truncated_responses
-from dapo.metrics import mean_metrics, response_length_metrics
+from dapo.metrics import mean_metrics, repeat_ngram_frac, response_length_metrics
 from dapo.sampling import BatchFiller
 from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
@@ -426,6 +426,7 @@ def _batch_metrics(batch: dict, advantages: torch.Tensor) -> dict[str, float]:
         "critic/advantages/min": valid_adv.min().item(),
         "dapo/overlong_frac": batch["truncated"].float().mean().item(),
         "dapo/overlong_penalty/mean": batch["penalty"].mean().item(),
+        "response/repeat_ngram_frac": repeat_ngram_frac(batch["response_ids"], batch["response_mask"]),
     }
 
 
