@@ -75,10 +75,45 @@ TECHNIQUES = (  # (row name, the override that switches the technique on), in th
     ("+ token-level loss", {f"{ACTOR}.loss_agg_mode": "token-mean"}),
     ("+ dynamic sampling (DAPO)", {"algorithm.filter_groups.enable": True}),
 )
+# Presets: (seeds, runs at a time, overrides applied to every run before the command line's). A task or scale
+# change is a list of overrides here; --device cuda picks "cuda" (unless --quick) and adds embedded.device=cuda.
 PRESETS = {
-    "default": {"seeds": 3, "overrides": []},
-    "quick": {"seeds": 2, "overrides": ["trainer.total_training_steps=8", "trainer.test_freq=4",
-                                        "trainer.save_freq=4", "data.val_max_samples=64"]},
+    "default": {"seeds": 5, "jobs": os.cpu_count() or 1, "overrides": []},
+    "quick": {"seeds": 2, "jobs": os.cpu_count() or 1,
+              "overrides": ["trainer.total_training_steps=8", "trainer.test_freq=4", "trainer.save_freq=4",
+                            "data.val_max_samples=64"]},
+    # a lent GPU: a larger model and batch, more steps; several runs share the device
+    "cuda": {"seeds": 5, "jobs": 6,
+             "overrides": ["embedded.num_threads=2", "embedded.model.hidden_size=256",
+                           "embedded.model.intermediate_size=1024", "embedded.model.num_hidden_layers=6",
+                           "data.train_batch_size=32", "data.gen_batch_size=48", "trainer.total_training_steps=80"]},
+}
+DEVICE_KEY = "embedded.device"  # the embedded engine's device knob (verl's trainer.device is unused by it)
+CONFIDENCE = 0.95  # of the paired intervals
+# What each technique should do in the paper, as (figure key, sign of the paired difference to the row before,
+# what it stands for). Accuracy is checked for every technique (+1); these are the mechanisms.
+MECHANISMS = {
+    "+ overlong filtering": [("acc_drawdown", -1, "validation-accuracy drawdown (Fig. 5: training is stabler)")],
+    "+ clip-higher": [("final_entropy", +1, "final entropy (Fig. 2b: entropy does not collapse)")],
+    "+ soft overlong punishment": [("truncated_frac", -1, "truncated share (§3.4: fewer overlong samples)")],
+    "+ token-level loss": [("final_repeat", -1, "repetition rate (Fig. 4: long repetitive samples penalised)"),
+                           ("final_response_length", -1, "final length (Fig. 4: no unhealthy growth)"),
+                           ("final_entropy", -1, "final entropy (Fig. 4: no unhealthy growth)")],
+    "+ dynamic sampling (DAPO)": [("steps_to_target_censored", -1, "steps to target (Fig. 6: fewer steps)")],
+}
+# The paper's figures: (title, the two rows compared, panels); a panel is a curve name of CURVES, or
+# "accuracy_vs_responses" (Fig. 6 against generated responses instead of steps).
+PAPER_FIGURES = {
+    "fig2b_clip_higher.png": ("Fig. 2b: entropy with vs without Clip-Higher",
+                              ("+ overlong filtering", "+ clip-higher"), ("entropy",)),
+    "fig4_token_level_loss.png": ("Fig. 4: sample- vs token-level loss",
+                                  ("+ soft overlong punishment", "+ token-level loss"),
+                                  ("response_length", "entropy", "repetition")),
+    "fig5_overlong_filtering.png": ("Fig. 5: with vs without overlong filtering",
+                                    ("naive GRPO", "+ overlong filtering"), ("accuracy", "entropy")),
+    "fig6_dynamic_sampling.png": ("Fig. 6: with vs without dynamic sampling",
+                                  ("+ token-level loss", "+ dynamic sampling (DAPO)"),
+                                  ("accuracy", "accuracy_vs_responses")),
 }
 TARGET_FRACTION = 0.8  # default target: start + 0.8 x the best row's mean gain
 TAIL_STEPS = 5  # final entropy / length: mean over this many last steps
@@ -132,7 +167,8 @@ def prepare_start_model(extra: list[str]) -> None:
     c = read_config(_compose(extra))
     if c.model_path is None:
         torch.set_num_threads(c.num_threads or torch.get_num_threads())
-        warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
+        cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
+        warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cuda" if cuda else "cpu"))
     elif c.train_files is None or c.val_files is None:
         task_files(c.cache_dir, c.task)
 
@@ -220,8 +256,37 @@ def _median_or_none(values: list[float]) -> float | None:
     return None if math.isinf(m) else m
 
 
+def _fmean(values) -> float:
+    values = list(values)
+    return statistics.fmean(values) if values else math.nan
+
+
+CURVES = {  # name: (axis label, the per-step series of one run's records)
+    "accuracy": ("held-out validation accuracy", _val_curve),
+    "entropy": ("actor/entropy (trained responses)", lambda r: _series(r, "actor/entropy")),
+    "response_length": ("response_length/mean (tokens)", lambda r: _series(r, "response_length/mean")),
+    "repetition": ("response/repeat_ngram_frac", lambda r: _series(r, "response/repeat_ngram_frac")),
+    "truncation": ("dapo/overlong_frac (trained responses)", lambda r: _series(r, "dapo/overlong_frac")),
+}
+
+
+def _mean_curve(seeds: list[list[dict]], curve) -> dict[str, list[float]]:
+    """Mean, lowest and highest over seeds at the steps every seed has: {"steps", "mean", "min", "max"}."""
+    curves = [dict(curve(r)) for r in seeds]
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    values = [[c[s] for c in curves] for s in steps]  # [steps][seeds]
+    return {"steps": steps, "mean": [statistics.fmean(v) for v in values],
+            "min": [min(v) for v in values], "max": [max(v) for v in values]}
+
+
+def _drawdown(curve: list[tuple[int, float]]) -> float:
+    """Sum of the falls between consecutive validation points: 0 for a curve that never goes down."""
+    return sum(max(0.0, a - b) for (_, a), (_, b) in zip(curve, curve[1:]))
+
+
 def summarise(results: dict[str, list[list[dict]]], target: float | None, train_batch_size: int, n: int) -> dict:
-    """The figures of every row from its seeds' metric records (``results[row] = [records of seed 0, ...]``)."""
+    """The figures of every row from its seeds' metric records (``results[row] = [records of seed 0, ...]``, the
+    same seed at the same index in every row). Per seed lists are kept (``per_seed``) for the paired differences."""
     finals = {name: [(_val_curve(r) or [(0, math.nan)])[-1][1] for r in seeds] for name, seeds in results.items()}
     start_accs = [c[0][1] for seeds in results.values() for r in seeds if (c := _val_curve(r)) and c[0][0] == 0]
     start_acc = statistics.fmean(start_accs) if start_accs else math.nan
@@ -230,48 +295,161 @@ def summarise(results: dict[str, list[list[dict]]], target: float | None, train_
         target = start_acc + TARGET_FRACTION * (best - start_acc)
     out_rows = []
     for (name, seeds), paper in zip(results.items(), PAPER_AIME):
-        steps_to, responses_to, entropy, length, truncated = [], [], [], [], []
+        per_seed = {k: [] for k in ("val_acc", "steps_to_target", "steps_to_target_censored", "responses_to_target",
+                                    "final_entropy", "final_response_length", "final_repeat", "truncated_frac",
+                                    "acc_drawdown", "generated_responses")}
         for records in seeds:
             train = [r for r in records if r.get("step", 0) > 0 and "actor/entropy" in r]
+            last_step = max((r["step"] for r in train), default=0)
             hit = next((s for s, v in _val_curve(records) if v >= target), None)
-            steps_to.append(math.inf if hit is None else hit)
-            responses_to.append(math.inf if hit is None else
-                                sum(_generated(r, train_batch_size, n) for r in train if r["step"] <= hit))
+            per_seed["steps_to_target"].append(math.inf if hit is None else hit)
+            # never reaching counts as one step past the budget: a lower bound of the true steps
+            per_seed["steps_to_target_censored"].append(last_step + 1 if hit is None else hit)
+            per_seed["responses_to_target"].append(
+                math.inf if hit is None else sum(_generated(r, train_batch_size, n) for r in train if r["step"] <= hit))
             tail = train[-TAIL_STEPS:]
-            entropy.append(statistics.fmean(r["actor/entropy"] for r in tail) if tail else math.nan)
-            length.append(statistics.fmean(r["response_length/mean"] for r in tail) if tail else math.nan)
-            truncated.append(statistics.fmean(r.get("dapo/overlong_frac", 0.0) for r in train) if train else math.nan)
+            per_seed["final_entropy"].append(_fmean(r["actor/entropy"] for r in tail))
+            per_seed["final_response_length"].append(_fmean(r["response_length/mean"] for r in tail))
+            per_seed["final_repeat"].append(_fmean(r["response/repeat_ngram_frac"] for r in tail
+                                                   if "response/repeat_ngram_frac" in r))
+            per_seed["truncated_frac"].append(_fmean(r.get("dapo/overlong_frac", 0.0) for r in train))
+            per_seed["acc_drawdown"].append(_drawdown(_val_curve(records)))
+            per_seed["generated_responses"].append(sum(_generated(r, train_batch_size, n) for r in train))
         accs = finals[name]
+        per_seed["val_acc"] = accs
+        steps_to = per_seed["steps_to_target"]
         out_rows.append({
             "name": name,
             "val_acc_mean": statistics.fmean(accs),
             "val_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
             "val_acc_per_seed": accs,
-            "final_entropy": statistics.fmean(entropy),
+            "final_entropy": _fmean(per_seed["final_entropy"]),
             "steps_to_target": _median_or_none(steps_to),
             "seeds_reaching_target": sum(not math.isinf(s) for s in steps_to),
-            "responses_to_target": _median_or_none(responses_to),
-            "final_response_length": statistics.fmean(length),
-            "truncated_frac": statistics.fmean(truncated),
-            "generated_responses": statistics.fmean(
-                sum(_generated(r, train_batch_size, n) for r in recs if r.get("step", 0) > 0 and "actor/entropy" in r)
-                for recs in seeds),
+            "responses_to_target": _median_or_none(per_seed["responses_to_target"]),
+            "final_response_length": _fmean(per_seed["final_response_length"]),
+            "final_repeat": _fmean(per_seed["final_repeat"]),
+            "truncated_frac": _fmean(per_seed["truncated_frac"]),
+            "acc_drawdown": _fmean(per_seed["acc_drawdown"]),
+            "generated_responses": _fmean(per_seed["generated_responses"]),
             "paper_aime_avg32": paper,
+            "per_seed": {k: [None if math.isinf(v) else v for v in vs] for k, vs in per_seed.items()},
+            "curves": {k: _mean_curve(seeds, curve) for k, (_, curve) in CURVES.items()},
         })
+    for before, after in zip(out_rows, out_rows[1:]):
+        after["vs_previous"] = {key: paired_interval(after["per_seed"][key], before["per_seed"][key])
+                                for key in ("val_acc", "final_entropy", "final_response_length", "final_repeat",
+                                            "truncated_frac", "acc_drawdown", "steps_to_target_censored")}
     return {"target": target, "start_acc": start_acc, "rows": out_rows}
 
 
+# ---------------------------------------------------------------------------------------------------- statistics
+
+# Student's t quantile t_{0.975, df}, for when scipy is not installed (df beyond the table: the next lower entry, a
+# slightly wider interval). Values from any t table; tests check them against scipy where it is installed.
+T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622,
+         10: 2.2281, 11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448, 15: 2.1314, 16: 2.1199, 17: 2.1098,
+         18: 2.1009, 19: 2.0930, 20: 2.0860, 25: 2.0595, 30: 2.0423, 40: 2.0211, 60: 2.0003, 120: 1.9799}
+
+
+def t_quantile_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (two-sided 95%)."""
+    try:
+        from scipy.stats import t
+    except ImportError:
+        return T_975[max(k for k in T_975 if k <= df)]
+    return float(t.ppf(0.975, df))
+
+
+def paired_interval(after: list[float | None], before: list[float | None]) -> dict:
+    """Mean of the per-seed differences ``after - before`` and its 95% t-interval over seeds:
+    mean ± t_{0.975, S-1} x sd / sqrt(S). Seeds missing from either side (None, NaN) are left out; with fewer than
+    two seeds left the interval is undefined (None)."""
+    diffs = [a - b for a, b in zip(after, before)
+             if a is not None and b is not None and not math.isnan(a) and not math.isnan(b)]
+    if not diffs:
+        return {"mean": None, "low": None, "high": None, "seeds": 0}
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return {"mean": mean, "low": None, "high": None, "seeds": 1}
+    half = t_quantile_975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return {"mean": mean, "low": mean - half, "high": mean + half, "seeds": len(diffs)}
+
+
+def direction(interval: dict, sign: int) -> str:
+    """Whether a paired difference shows the paper's direction (``sign`` +1: should rise, -1: should fall):
+    "shown" when the whole interval is on that side of 0, "opposite" when it is wholly on the other side, "not
+    shown" when it includes 0, "no interval" with fewer than two seeds."""
+    if interval["low"] is None:
+        return "no interval"
+    low, high = sorted((sign * interval["low"], sign * interval["high"]))
+    if low > 0:
+        return "shown"
+    if high < 0:
+        return "opposite"
+    return "not shown"
+
+
+def _fmt_interval(interval: dict, digits: int = 3) -> str:
+    if interval["mean"] is None:
+        return "-"
+    text = f"{interval['mean']:+.{digits}f}"
+    if interval["low"] is not None:
+        text += f" [{interval['low']:+.{digits}f}, {interval['high']:+.{digits}f}]"
+    return text
+
+
+def verdicts(figures: dict) -> list[dict]:
+    """For each technique (every row after the first): accuracy and each mechanism of ``MECHANISMS`` against the
+    row before, and an overall word: "shown" (some check in the paper's direction, none opposite), "opposite",
+    "mixed" (both), "not shown" (neither)."""
+    out = []
+    for row in figures["rows"][1:]:
+        paired = row["vs_previous"]
+        checks = [("val_acc", +1, "final validation accuracy")] + MECHANISMS.get(row["name"], [])
+        results = [{"key": key, "what": what, "sign": sign, "interval": paired[key],
+                    "result": direction(paired[key], sign)} for key, sign, what in checks]
+        found = {r["result"] for r in results}
+        overall = ("mixed" if {"shown", "opposite"} <= found else "shown" if "shown" in found
+                   else "opposite" if "opposite" in found else "not shown")
+        censored = (sum(v is None for v in row["per_seed"]["steps_to_target"]) if any(
+            r["key"] == "steps_to_target_censored" for r in results) else 0)
+        out.append({"technique": row["name"], "overall": overall, "checks": results, "censored_seeds": censored})
+    return out
+
+
+def verdict_lines(verdict_list: list[dict]) -> list[str]:
+    """Markdown: one paragraph per technique, every check with its difference, interval and result."""
+    lines = []
+    for v in verdict_list:
+        parts = []
+        for c in v["checks"]:
+            why = " (the interval includes 0)" if c["result"] == "not shown" else ""
+            want = "should rise" if c["sign"] > 0 else "should fall"
+            parts.append(f"{c['what']} ({want}): {_fmt_interval(c['interval'])}, {c['result']}{why}")
+        note = (f" ({v['censored_seeds']} seed(s) never reached the target: counted as one step past the budget)"
+                if v["censored_seeds"] else "")
+        lines.append(f"- **{v['technique']}: {v['overall']}.** " + "; ".join(parts) + note + ".")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
 def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[object]]]:
-    headers = ["row", f"val acc @ step {steps} (mean ± std, {seeds} seed{'s' if seeds > 1 else ''})", "steps to target",
-               "responses to target", "final entropy", "final length", "truncated", "paper (AIME avg@32)"]
+    headers = ["row", f"val acc @ step {steps} (mean ± std, {seeds} seed{'s' if seeds > 1 else ''})",
+               "vs row above (paired, 95% CI)", "steps to target", "responses to target", "final entropy",
+               "final length", "repetition", "truncated", "paper (AIME avg@32)"]
     body = []
     for r in figures["rows"]:
         reach = "-" if r["steps_to_target"] is None else f"{r['steps_to_target']:.0f}"
         responses = "-" if r["responses_to_target"] is None else f"{r['responses_to_target']:.0f}"
         if seeds > 1:
             reach += f" ({r['seeds_reaching_target']}/{seeds})"
-        body.append([r["name"], f"{r['val_acc_mean']:.3f} ± {r['val_acc_std']:.3f}", reach, responses,
-                     f"{r['final_entropy']:.3f}", f"{r['final_response_length']:.1f}",
+        diff = _fmt_interval(r["vs_previous"]["val_acc"]) if "vs_previous" in r else ""
+        repeat = "-" if math.isnan(r["final_repeat"]) else f"{100 * r['final_repeat']:.1f}%"
+        body.append([r["name"], f"{r['val_acc_mean']:.3f} ± {r['val_acc_std']:.3f}", diff, reach, responses,
+                     f"{r['final_entropy']:.3f}", f"{r['final_response_length']:.1f}", repeat,
                      f"{100 * r['truncated_frac']:.1f}%", r["paper_aime_avg32"]])
     return headers, body
 
@@ -282,37 +460,63 @@ def markdown_table(headers: list[str], body: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
-def write_plots(results: dict[str, list[list[dict]]], out_dir: Path) -> list[Path]:
-    """accuracy / entropy / response length against steps, one line per row (mean over seeds, min-max band)."""
+def _responses_curve(records: list[dict], train_batch_size: int, n: int) -> list[tuple[float, float]]:
+    """Validation accuracy against the responses generated up to its step."""
+    generated, total = {0: 0.0}, 0.0
+    for r in sorted((r for r in records if r.get("step", 0) > 0 and "actor/entropy" in r), key=lambda r: r["step"]):
+        total += _generated(r, train_batch_size, n)
+        generated[r["step"]] = total
+    return [(generated[s], v) for s, v in _val_curve(records) if s in generated]
+
+
+def _draw(ax, results: dict[str, list[list[dict]]], names, panel: str, train_batch_size: int, n: int) -> None:
+    """One panel: each row of ``names`` as its mean over seeds, shaded from the lowest to the highest seed."""
+    import numpy as np
+
+    for name in names:
+        seeds = results[name]
+        if panel == "accuracy_vs_responses":
+            curves = [_responses_curve(r, train_batch_size, n) for r in seeds]
+            size = min((len(c) for c in curves), default=0)
+            if not size:
+                continue
+            x = np.array([[c[i][0] for i in range(size)] for c in curves]).mean(0)  # mean responses at each point
+            values = np.array([[c[i][1] for i in range(size)] for c in curves])  # [seeds, points]
+        else:
+            curve = _mean_curve(seeds, CURVES[panel][1])
+            if not curve["steps"]:
+                continue
+            x = np.array(curve["steps"])
+            values = np.array([[dict(CURVES[panel][1](r))[s] for s in curve["steps"]] for r in seeds])
+        line, = ax.plot(x, values.mean(0), label=name, marker="o" if "accuracy" in panel else None, markersize=3)
+        if len(seeds) > 1:
+            ax.fill_between(x, values.min(0), values.max(0), color=line.get_color(), alpha=0.12)
+    ax.set_title(CURVES[panel][0] if panel in CURVES else "held-out validation accuracy", fontsize=9)
+    ax.set_xlabel("responses generated" if panel == "accuracy_vs_responses" else "training step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def write_plots(results: dict[str, list[list[dict]]], out_dir: Path, train_batch_size: int = 0,
+                n: int = 1) -> list[Path]:
+    """Every row on one plot per curve (accuracy, entropy, length, repetition, truncation against steps), then the
+    paper's figures (``PAPER_FIGURES``): two rows side by side, one panel per curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    panels = {
-        "accuracy.png": ("held-out validation accuracy", _val_curve),
-        "entropy.png": ("actor/entropy (trained responses)", lambda r: _series(r, "actor/entropy")),
-        "response_length.png": ("response_length/mean (tokens)", lambda r: _series(r, "response_length/mean")),
-    }
+    figures = {f"{panel}.png": (None, tuple(results), (panel,)) for panel in CURVES}
+    figures.update({k: v for k, v in PAPER_FIGURES.items() if all(name in results for name in v[1])})
     written = []
-    for file_name, (title, curve) in panels.items():
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name, seeds in results.items():
-            curves = [dict(curve(r)) for r in seeds]
-            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-            if not steps:
-                continue
-            values = np.array([[c[s] for s in steps] for c in curves])  # [seeds, steps]
-            line, = ax.plot(steps, values.mean(0), label=name, marker="o" if file_name == "accuracy.png" else None,
-                            markersize=3)
-            if len(curves) > 1:
-                ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.12)
-        ax.set_title(title)
-        ax.set_xlabel("training step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    for file_name, (title, names, panels) in figures.items():
+        fig, axes = plt.subplots(1, len(panels), figsize=(7 if len(panels) == 1 else 4.5 * len(panels), 4),
+                                 squeeze=False)
+        for ax, panel in zip(axes[0], panels):
+            _draw(ax, results, names, panel, train_batch_size, n)
+        if title:
+            fig.suptitle(title, fontsize=10)
         fig.tight_layout()
         path = out_dir / file_name
         fig.savefig(path, dpi=110)
@@ -321,7 +525,8 @@ def write_plots(results: dict[str, list[list[dict]]], out_dir: Path) -> list[Pat
     return written
 
 
-def write_report(out: Path, figures: dict, headers, body, command: str, plots: list[Path]) -> Path:
+def write_report(out: Path, figures: dict, headers, body, command: str, plots: list[Path],
+                 verdict_list: list[dict] | None = None) -> Path:
     text = [
         "# DAPO ablation on the embedded engine",
         "",
@@ -331,9 +536,15 @@ def write_report(out: Path, figures: dict, headers, body, command: str, plots: l
         "",
         markdown_table(headers, body),
         "",
-        *(f"![{p.stem}]({p.relative_to(out)})" for p in plots),
+        "Paired: the mean over seeds of (this row - the row above) with the same seed, and its 95% t-interval.",
+        "Final entropy, length and repetition: the last 5 steps; truncated: over all steps.",
         "",
     ]
+    if verdict_list:
+        text += ["## Does each technique show its effect in the paper's direction?", "",
+                 "Computed from the paired differences to the row before (95% t-intervals over seeds): a check is "
+                 "shown when its whole interval lies on the paper's side of 0.", "", *verdict_lines(verdict_list), ""]
+    text += [*(f"![{p.stem}]({p.relative_to(out)})" for p in plots), ""]
     path = out / "report.md"
     path.write_text("\n".join(text))
     return path
@@ -345,9 +556,11 @@ def write_report(out: Path, figures: dict, headers, body, command: str, plots: l
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.split("\n\n")[0], repeats=False)
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (verl's names)")
-    p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: about 3 minutes")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 3; --quick 2)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at a time (one torch thread each)")
+    p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: minutes")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help=f"{DEVICE_KEY} of every run; cuda also picks the larger 'cuda' preset (unless --quick)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 5; --quick 2)")
+    p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the CPU count; cuda: 6)")
     p.add_argument("--out", type=Path, default=Path("bench/results/ablation"), help="run directories and report")
     p.add_argument("--target", type=float, default=None,
                    help="target validation accuracy (default: start + 0.8 x the best row's gain)")
@@ -355,11 +568,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
     args = p.parse_args(argv)
 
-    preset = PRESETS["quick" if args.quick else "default"]
+    preset = PRESETS["quick" if args.quick else "cuda" if args.device == "cuda" else "default"]
     seeds = args.seeds or preset["seeds"]
+    jobs = args.jobs or preset["jobs"]
     if seeds < 1:
         p.error("--seeds must be >= 1")
-    extra = [*preset["overrides"], *args.overrides]
+    device = [f"{DEVICE_KEY}={args.device}"] if args.device else []
+    extra = [*preset["overrides"], *device, *args.overrides]
     out = args.out.resolve()
     try:
         cfg = _compose(extra)  # fails early on a misspelt key, before anything runs
@@ -384,9 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh and out.exists():
         shutil.rmtree(out)
 
-    print(f"ablation: {len(rows())} rows x {seeds} seeds x {steps} steps, {args.jobs} at a time, under {out}")
+    print(f"ablation: {len(rows())} rows x {seeds} seeds x {steps} steps, {jobs} at a time, under {out}")
     prepare_start_model(extra)
-    failures = run_all(plan, args.jobs)
+    failures = run_all(plan, jobs)
     if failures:
         print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
@@ -396,14 +611,18 @@ def main(argv: list[str] | None = None) -> int:
         results[name].append(_records(run_dir))
     figures = summarise(results, args.target, train_batch_size, n)
     headers, body = table(figures, seeds, steps)
+    verdict_list = verdicts(figures)
     print(f"\nstart accuracy {figures['start_acc']:.3f}, target {figures['target']:.3f}")
     print_table(headers, body)
-    plots = write_plots(results, out / "plots")
+    print("\n" + "\n".join(verdict_lines(verdict_list)))
+    plots = write_plots(results, out / "plots", train_batch_size, n)
     command = "python -m bench.ablation " + " ".join(
-        [*(["--quick"] if args.quick else []), *([f"--seeds {seeds}"] if args.seeds else []), *args.overrides])
-    report = write_report(out, figures, headers, body, command.strip(), plots)
+        [*(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device else []),
+         *([f"--seeds {seeds}"] if args.seeds else []), *args.overrides])
+    report = write_report(out, figures, headers, body, command.strip(), plots, verdict_list)
     print(f"report: {report}")
-    write_json(args.json, {**figures, "seeds": seeds, "steps": steps, "command": command.strip()})
+    write_json(args.json, {**figures, "verdicts": verdict_list, "seeds": seeds, "steps": steps,
+                           "command": command.strip()})
     return 0
 
 

@@ -117,6 +117,92 @@ def test_summary_figures_by_hand():
     assert ablation.summarise(results, target=0.55, train_batch_size=4, n=2)["target"] == 0.55
 
 
+def test_paired_interval_by_hand():
+    # differences 0.1, 0.2, 0.3: mean 0.2, sd sqrt((0.01 + 0 + 0.01) / 2) = 0.1, se 0.1 / sqrt(3) = 0.057735,
+    # t(0.975, 2) = 4.3027: half-width 0.24842, so [-0.04842, 0.44842] includes 0
+    three = ablation.paired_interval([0.5, 0.6, 0.7], [0.4, 0.4, 0.4])
+    assert three["mean"] == pytest.approx(0.2) and three["seeds"] == 3
+    assert three["low"] == pytest.approx(-0.04842, abs=1e-4) and three["high"] == pytest.approx(0.44842, abs=1e-4)
+    assert ablation.direction(three, +1) == "not shown"
+    # five seeds, differences 0.1, 0.2, 0.3, 0.2, 0.2: mean 0.2, sd sqrt(0.02 / 4) = 0.070711, se 0.031623,
+    # t(0.975, 4) = 2.7764: half-width 0.087798, [0.11220, 0.28780] wholly above 0
+    five = ablation.paired_interval([0.6, 0.7, 0.8, 0.7, 0.7], [0.5] * 5)
+    assert five["low"] == pytest.approx(0.11220, abs=1e-4) and five["high"] == pytest.approx(0.28780, abs=1e-4)
+    assert ablation.direction(five, +1) == "shown" and ablation.direction(five, -1) == "opposite"
+    # a seed missing on either side (a run without the metric) is left out of the pairing: 0.2, 0.2, 0.2 remain,
+    # sd 0, a zero-width interval
+    gaps = ablation.paired_interval([0.6, None, 0.7, 0.8, math.nan], [0.4, 0.4, 0.5, 0.6, 0.4])
+    assert (gaps["mean"], gaps["low"], gaps["high"], gaps["seeds"]) == pytest.approx((0.2, 0.2, 0.2, 3))
+    one = ablation.paired_interval([0.6], [0.4])
+    assert one["mean"] == pytest.approx(0.2) and one["low"] is None
+    assert ablation.direction(one, +1) == "no interval"
+
+
+def test_t_quantiles():
+    assert ablation.T_975[4] == 2.7764 and ablation.T_975[1] == 12.7062
+    values = [ablation.T_975[k] for k in sorted(ablation.T_975)]
+    assert values == sorted(values, reverse=True) and values[-1] > 1.96  # falls toward the normal's 1.96
+    try:
+        from scipy.stats import t
+    except ImportError:  # the table is what runs: past it, the next lower df's (wider) value
+        assert ablation.t_quantile_975(4) == 2.7764 and ablation.t_quantile_975(27) == ablation.T_975[25]
+    else:
+        for df, value in ablation.T_975.items():
+            assert t.ppf(0.975, df) == pytest.approx(value, abs=1e-4)
+
+
+def _summary(name: str, per_seed: dict) -> dict:
+    """A hand-made row of ``summarise``'s output: only what ``verdicts`` reads."""
+    full = {"steps_to_target": [10] * 3, **per_seed}
+    return {"name": name, "per_seed": full}
+
+
+def test_verdicts_from_hand_made_summaries():
+    names = [name for name, _ in ablation.rows()]
+    base = {"val_acc": [0.50, 0.52, 0.54], "final_entropy": [0.30, 0.32, 0.34], "final_response_length": [20, 21, 22],
+            "final_repeat": [0.10, 0.10, 0.10], "truncated_frac": [0.05, 0.05, 0.05],
+            "acc_drawdown": [0.04, 0.04, 0.04], "steps_to_target_censored": [20, 20, 25]}
+    row_seeds = [
+        base,
+        # overlong filtering: accuracy +0.01 in every seed (shown), drawdown -0.02 in every seed (shown)
+        {**base, "val_acc": [0.51, 0.53, 0.55], "acc_drawdown": [0.02, 0.02, 0.02]},
+        # clip-higher: accuracy unchanged, entropy +0.05 / -0.01 / +0.02 (interval includes 0)
+        {**base, "val_acc": [0.51, 0.53, 0.55], "acc_drawdown": [0.02, 0.02, 0.02],
+         "final_entropy": [0.35, 0.31, 0.36]},
+        # soft punishment: truncation up by 0.02 in every seed (the wrong way), accuracy unchanged
+        {**base, "val_acc": [0.51, 0.53, 0.55], "acc_drawdown": [0.02, 0.02, 0.02],
+         "final_entropy": [0.35, 0.31, 0.36], "truncated_frac": [0.07, 0.07, 0.07]},
+        # token-level loss: accuracy +0.02 (shown), repetition up 0.05 (opposite): mixed
+        {**base, "val_acc": [0.53, 0.55, 0.57], "acc_drawdown": [0.02, 0.02, 0.02],
+         "final_entropy": [0.35, 0.31, 0.36], "truncated_frac": [0.07, 0.07, 0.07], "final_repeat": [0.15] * 3},
+        # dynamic sampling: 5 steps sooner in every seed, one of them censored (never reached: budget + 1)
+        {**base, "val_acc": [0.53, 0.55, 0.57], "acc_drawdown": [0.02, 0.02, 0.02],
+         "final_entropy": [0.35, 0.31, 0.36], "truncated_frac": [0.07, 0.07, 0.07], "final_repeat": [0.15] * 3,
+         "steps_to_target_censored": [15, 15, 20]},
+    ]
+    summaries = [_summary(name, seeds) for name, seeds in zip(names, row_seeds)]
+    summaries[4]["per_seed"]["steps_to_target"] = [10, 10, None]
+    summaries[5]["per_seed"]["steps_to_target"] = [10, 10, None]
+    for before, after in zip(summaries, summaries[1:]):
+        after["vs_previous"] = {k: ablation.paired_interval(after["per_seed"][k], before["per_seed"][k])
+                                for k in base}
+    got = {v["technique"]: v for v in ablation.verdicts({"rows": summaries})}
+    results = {name: {c["key"]: c["result"] for c in v["checks"]} for name, v in got.items()}
+    assert results[names[1]] == {"val_acc": "shown", "acc_drawdown": "shown"}
+    assert results[names[2]] == {"val_acc": "not shown", "final_entropy": "not shown"}
+    assert results[names[3]] == {"val_acc": "not shown", "truncated_frac": "opposite"}
+    assert results[names[4]] == {"val_acc": "shown", "final_repeat": "opposite", "final_response_length": "not shown",
+                                 "final_entropy": "not shown"}
+    assert results[names[5]] == {"val_acc": "not shown", "steps_to_target_censored": "shown"}
+    assert [got[n]["overall"] for n in names[1:]] == ["shown", "not shown", "opposite", "mixed", "shown"]
+    assert got[names[5]]["censored_seeds"] == 1 and got[names[4]]["censored_seeds"] == 0
+    lines = ablation.verdict_lines(list(got.values()))
+    # clip-higher's entropy: differences +0.05, -0.01, +0.02: mean +0.020, sd 0.03, half 4.3027 x 0.03 / sqrt(3)
+    assert "final entropy (Fig. 2b: entropy does not collapse) (should rise): +0.020 [-0.055, +0.095], not shown" \
+        " (the interval includes 0)" in lines[1]
+    assert lines[4].startswith("- **+ dynamic sampling (DAPO): shown.**") and "1 seed(s) never reached" in lines[4]
+
+
 TINY = [  # a run of seconds: 1-digit operands (one column), the tiny model warmed up for 100 steps to about a third
     # right, so groups are mixed and dynamic sampling fills its batch; 2 steps of 4 prompts
     "embedded.task.digits=1", "embedded.task.val_size=8", "embedded.task.train_size=24",
@@ -143,9 +229,19 @@ def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedde
     for row in figures["rows"]:
         assert {"name", "val_acc_mean", "val_acc_std", "final_entropy", "steps_to_target"} <= set(row)
         assert 0.0 <= row["val_acc_mean"] <= 1.0 and row["final_entropy"] > 0
+    for row in figures["rows"][1:]:  # one seed: a paired difference, no interval
+        assert row["vs_previous"]["val_acc"]["seeds"] == 1 and row["vs_previous"]["val_acc"]["low"] is None
+    for row in figures["rows"]:
+        assert 0.0 <= row["final_repeat"] <= 1.0
+        assert row["curves"]["entropy"]["steps"] == [1, 2] and len(row["curves"]["response_length"]["mean"]) == 2
+    assert [v["technique"] for v in figures["verdicts"]] == [name for name, _ in ablation.rows()][1:]
+    assert {v["overall"] for v in figures["verdicts"]} == {"not shown"}  # no interval from one seed
     report = (out / "report.md").read_text()
     assert report.count("\n| ") == 8  # header, rule, six rows
-    for name in ("accuracy", "entropy", "response_length"):
+    assert report.count("\n- **+ ") == 5 and "no interval" in report
+    plots = ["accuracy", "entropy", "response_length", "repetition", "truncation", "fig2b_clip_higher",
+             "fig4_token_level_loss", "fig5_overlong_filtering", "fig6_dynamic_sampling"]
+    for name in plots:
         assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"plots/{name}.png" in report
     assert "+ dynamic sampling (DAPO)" in printed
@@ -185,3 +281,20 @@ def test_print_commands_gives_a_dapo_train_line_per_run(capsys, tmp_path):
     assert len(lines) == 12
     assert "dapo.overlong_filter=false" in lines[0] and "embedded.seed=1" in lines[1]
     assert "algorithm.filter_groups.enable=true" in lines[-1]
+
+
+def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
+    assert ablation.main(["--print-commands", "--device", "cuda", "--out", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
+    assert len(lines) == 6 * ablation.PRESETS["cuda"]["seeds"]
+    for line in lines[:: ablation.PRESETS["cuda"]["seeds"]]:  # seed 0 of each row
+        overrides = line.split()[3:]
+        assert f"{ablation.DEVICE_KEY}=cuda" in overrides
+        c = read_config(compose(overrides, ablation.CONFIG_NAME))
+        assert c.device == "cuda" and c.tiny_model["hidden_size"] == 256 and c.num_threads == 2
+    # --quick keeps its small setting on the GPU; a command-line override comes last and wins
+    assert ablation.main(["--print-commands", "--quick", "--device", "cuda", "--seeds", "1", "--out", str(tmp_path),
+                          "trainer.total_training_steps=3"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dapo-train"))
+    c = read_config(compose(line.split()[3:], ablation.CONFIG_NAME))
+    assert c.device == "cuda" and c.tiny_model["hidden_size"] == 128 and c.total_training_steps == 3
