@@ -18,28 +18,42 @@ row of a seed starts from the same warmed-up model (built once, cached); the see
 prompt order (``embedded.seed``).
 
 What it writes under ``--out`` (default ``bench/results/ablation``): one run directory per row and seed (the
-engine's ``metrics.jsonl``, plots, last checkpoint, ``log.txt``), ``report.md`` (the table and the plots),
-``plots/{accuracy,entropy,response_length}.png`` (one line per row: the mean over seeds, shaded from the lowest to
-the highest seed) and, with ``--json PATH``, the figures. Finished runs are kept: running the command again reuses
-them and resumes an interrupted one from its last checkpoint, so a killed ablation loses at most a few steps.
+engine's ``metrics.jsonl``, plots, last checkpoint, ``log.txt``), ``report.md`` (the table, a verdict per
+technique, the plots), ``plots/`` and, with ``--json PATH``, the figures (per seed, paired differences, mean
+curves, verdicts). Plots, each the mean over seeds shaded from the lowest to the highest seed: every row against
+steps for accuracy, entropy, response length, repetition and truncation; and the paper's figures
+(``PAPER_FIGURES``), two rows side by side: Fig. 2b entropy without / with Clip-Higher, Fig. 4 length, entropy and
+repetition with sample- / token-level loss, Fig. 5 accuracy and entropy without / with overlong filtering, Fig. 6
+accuracy without / with dynamic sampling against steps and against responses generated. Finished runs are kept:
+running the command again reuses them and resumes an interrupted one from its last checkpoint.
 
-Figures, per row, over seeds:
+Figures, per row, over seeds (seeds are paired: seed s of every row starts from the same model and reads the same
+prompt order with the same sampling seed):
   val acc            held-out validation accuracy (mean@k, ``rollout.val_kwargs``) at the last step: mean ± std
+  vs row above       the mean of the per-seed differences to the row before and its 95% t-interval over seeds
+                     (t quantile from scipy when installed, else the table ``T_975``)
   steps to target    first validation step at or above the target accuracy: the median over seeds, a seed that
                      never reaches it counting as never (so "-" when most seeds do not)
   responses to tgt   responses generated up to that step (dynamic sampling generates more per step): median
   final entropy      actor/entropy (mean per-token entropy of the trained responses) over the last 5 steps
   final length       response_length/mean over the last 5 steps
+  repetition         response/repeat_ngram_frac (responses repeating a 4-gram) over the last 5 steps
   truncated          dapo/overlong_frac, the share of trained responses cut at the length limit, over all steps
 The target (``--target``) defaults to the start accuracy plus 0.8 x the best row's gain (its mean final accuracy
 less the start), a level the best row reaches late in the budget, so that the steps to reach it tell rows apart.
 
-Run: python -m bench.ablation [--quick] [--seeds N] [--jobs N] [--json PATH] [--out DIR] [key=value ...]
-Default: 3 seeds x 6 rows of 40 steps (configs/ablation.yaml), 2 runs at a time with one torch thread each: 21
-minutes on 2 cores as measured (2 to 4 minutes a run, depending on the machine's load), including a one-time
-warm-up of the start model (2 to 5 minutes) when it is not cached. ``--quick``: 2 seeds, 8 steps, validation on 64
-problems every 4 steps, about 3 minutes.
-``key=value`` overrides (verl's names) apply to every run, after the row's own.
+Verdicts (``verdicts``): for each technique, its paired difference to the row before on accuracy and on the
+mechanism the paper names (``MECHANISMS``: entropy for Clip-Higher; repetition, length and entropy for the
+token-level loss; accuracy drawdown for overlong filtering; truncation for the soft punishment; steps to target
+for dynamic sampling, a seed that never reaches it counting as one step past the budget). "shown" when the
+interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "opposite" when wholly on the other.
+
+Run: python -m bench.ablation [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH] [--out DIR]
+                              [key=value ...]
+Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 40 steps (configs/ablation.yaml), as
+many runs at a time as CPUs, one torch thread each; ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4
+steps; ``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset.
+``key=value`` overrides (verl's names) apply to every run, after the preset's and the row's own.
 """
 
 from __future__ import annotations
@@ -90,16 +104,20 @@ PRESETS = {
 }
 DEVICE_KEY = "embedded.device"  # the embedded engine's device knob (verl's trainer.device is unused by it)
 CONFIDENCE = 0.95  # of the paired intervals
-# What each technique should do in the paper, as (figure key, sign of the paired difference to the row before,
-# what it stands for). Accuracy is checked for every technique (+1); these are the mechanisms.
+# What each technique should do in the paper, as (figure key, sign of the paired difference to the row before:
+# +1 should rise, -1 should fall; what it is; the paper's claim). Every technique is also checked on accuracy
+# (ACCURACY_CHECK); these are the mechanisms. The verdicts are computed from them (``verdicts``), never written.
+ACCURACY_CHECK = ("val_acc", +1, "final validation accuracy", "Table 1")
 MECHANISMS = {
-    "+ overlong filtering": [("acc_drawdown", -1, "validation-accuracy drawdown (Fig. 5: training is stabler)")],
-    "+ clip-higher": [("final_entropy", +1, "final entropy (Fig. 2b: entropy does not collapse)")],
-    "+ soft overlong punishment": [("truncated_frac", -1, "truncated share (§3.4: fewer overlong samples)")],
-    "+ token-level loss": [("final_repeat", -1, "repetition rate (Fig. 4: long repetitive samples penalised)"),
-                           ("final_response_length", -1, "final length (Fig. 4: no unhealthy growth)"),
-                           ("final_entropy", -1, "final entropy (Fig. 4: no unhealthy growth)")],
-    "+ dynamic sampling (DAPO)": [("steps_to_target_censored", -1, "steps to target (Fig. 6: fewer steps)")],
+    "+ overlong filtering": [("acc_drawdown", -1, "validation-accuracy drawdown", "Fig. 5: training is stabler")],
+    "+ clip-higher": [("final_entropy", +1, "final entropy", "Fig. 2b: entropy does not collapse")],
+    "+ soft overlong punishment": [("truncated_frac", -1, "truncated share", "§3.4: fewer overlong samples")],
+    "+ token-level loss": [
+        ("final_repeat", -1, "repetition rate", "Fig. 4: long repetitive samples are penalised"),
+        ("final_response_length", -1, "final length", "Fig. 4: no unhealthy length growth"),
+        ("final_entropy", -1, "final entropy", "Fig. 4: no unhealthy entropy growth"),
+    ],
+    "+ dynamic sampling (DAPO)": [("steps_to_target_censored", -1, "steps to target", "Fig. 6: fewer steps")],
 }
 # The paper's figures: (title, the two rows compared, panels); a panel is a curve name of CURVES, or
 # "accuracy_vs_responses" (Fig. 6 against generated responses instead of steps).
@@ -402,16 +420,17 @@ def _fmt_interval(interval: dict, digits: int = 3) -> str:
 def verdicts(figures: dict) -> list[dict]:
     """For each technique (every row after the first): accuracy and each mechanism of ``MECHANISMS`` against the
     row before, and an overall word: "shown" (some check in the paper's direction, none opposite), "opposite",
-    "mixed" (both), "not shown" (neither)."""
+    "mixed" (both), "not shown" (neither), "no interval" (one seed: nothing can be shown)."""
     out = []
     for row in figures["rows"][1:]:
         paired = row["vs_previous"]
-        checks = [("val_acc", +1, "final validation accuracy")] + MECHANISMS.get(row["name"], [])
-        results = [{"key": key, "what": what, "sign": sign, "interval": paired[key],
-                    "result": direction(paired[key], sign)} for key, sign, what in checks]
+        checks = [ACCURACY_CHECK, *MECHANISMS.get(row["name"], [])]
+        results = [{"key": key, "what": what, "why": why, "sign": sign, "interval": paired[key],
+                    "result": direction(paired[key], sign)} for key, sign, what, why in checks]
         found = {r["result"] for r in results}
         overall = ("mixed" if {"shown", "opposite"} <= found else "shown" if "shown" in found
-                   else "opposite" if "opposite" in found else "not shown")
+                   else "opposite" if "opposite" in found else "no interval" if found == {"no interval"}
+                   else "not shown")
         censored = (sum(v is None for v in row["per_seed"]["steps_to_target"]) if any(
             r["key"] == "steps_to_target_censored" for r in results) else 0)
         out.append({"technique": row["name"], "overall": overall, "checks": results, "censored_seeds": censored})
@@ -426,7 +445,7 @@ def verdict_lines(verdict_list: list[dict]) -> list[str]:
         for c in v["checks"]:
             why = " (the interval includes 0)" if c["result"] == "not shown" else ""
             want = "should rise" if c["sign"] > 0 else "should fall"
-            parts.append(f"{c['what']} ({want}): {_fmt_interval(c['interval'])}, {c['result']}{why}")
+            parts.append(f"{c['what']} {want} ({c['why']}): {_fmt_interval(c['interval'])}, {c['result']}{why}")
         note = (f" ({v['censored_seeds']} seed(s) never reached the target: counted as one step past the budget)"
                 if v["censored_seeds"] else "")
         lines.append(f"- **{v['technique']}: {v['overall']}.** " + "; ".join(parts) + note + ".")

@@ -198,7 +198,7 @@ def test_verdicts_from_hand_made_summaries():
     assert got[names[5]]["censored_seeds"] == 1 and got[names[4]]["censored_seeds"] == 0
     lines = ablation.verdict_lines(list(got.values()))
     # clip-higher's entropy: differences +0.05, -0.01, +0.02: mean +0.020, sd 0.03, half 4.3027 x 0.03 / sqrt(3)
-    assert "final entropy (Fig. 2b: entropy does not collapse) (should rise): +0.020 [-0.055, +0.095], not shown" \
+    assert "final entropy should rise (Fig. 2b: entropy does not collapse): +0.020 [-0.055, +0.095], not shown" \
         " (the interval includes 0)" in lines[1]
     assert lines[4].startswith("- **+ dynamic sampling (DAPO): shown.**") and "1 seed(s) never reached" in lines[4]
 
@@ -235,7 +235,7 @@ def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedde
         assert 0.0 <= row["final_repeat"] <= 1.0
         assert row["curves"]["entropy"]["steps"] == [1, 2] and len(row["curves"]["response_length"]["mean"]) == 2
     assert [v["technique"] for v in figures["verdicts"]] == [name for name, _ in ablation.rows()][1:]
-    assert {v["overall"] for v in figures["verdicts"]} == {"not shown"}  # no interval from one seed
+    assert {v["overall"] for v in figures["verdicts"]} == {"no interval"}  # one seed
     report = (out / "report.md").read_text()
     assert report.count("\n| ") == 8  # header, rule, six rows
     assert report.count("\n- **+ ") == 5 and "no interval" in report
