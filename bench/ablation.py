@@ -51,8 +51,9 @@ interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "
 Run: python -m bench.ablation [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH] [--out DIR]
                               [key=value ...]
 Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 40 steps (configs/ablation.yaml), as
-many runs at a time as CPUs, one torch thread each; ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4
-steps; ``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset.
+many runs at a time as CPUs, one torch thread each (3 seeds took 21 minutes on 2 cores, so 5 take about 35, plus
+a one-time warm-up of the start model of 2 to 5 minutes when it is not cached); ``--quick`` 2 seeds, 8 steps,
+validation on 64 problems every 4 steps; ``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset.
 ``key=value`` overrides (verl's names) apply to every run, after the preset's and the row's own.
 """
 
