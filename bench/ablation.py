@@ -46,7 +46,8 @@ Verdicts (``verdicts``): for each technique, its paired difference to the row be
 mechanism the paper names (``MECHANISMS``: entropy for Clip-Higher; repetition, length and entropy for the
 token-level loss; accuracy drawdown for overlong filtering; truncation for the soft punishment; steps to target
 for dynamic sampling, a seed that never reaches it counting as one step past the budget). "shown" when the
-interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "opposite" when wholly on the other.
+interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "opposite" when wholly on the other,
+"too few seeds" below 3 paired seeds (``--quick``'s 2 give intervals, no verdicts).
 
 Run: python -m bench.ablation [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH] [--out DIR]
                               [key=value ...]
@@ -104,7 +105,8 @@ PRESETS = {
                            "data.train_batch_size=32", "data.gen_batch_size=48", "trainer.total_training_steps=80"]},
 }
 DEVICE_KEY = "embedded.device"  # the embedded engine's device knob (verl's trainer.device is unused by it)
-CONFIDENCE = 0.95  # of the paired intervals
+MIN_VERDICT_SEEDS = 3  # fewer paired seeds give no verdict: with 2, two equal differences (validation accuracy
+# moves in steps of 1/(problems x k)) make a zero-width interval that would read as "shown"
 # What each technique should do in the paper, as (figure key, sign of the paired difference to the row before:
 # +1 should rise, -1 should fall; what it is; the paper's claim). Every technique is also checked on accuracy
 # (ACCURACY_CHECK); these are the mechanisms. The verdicts are computed from them (``verdicts``), never written.
@@ -398,9 +400,9 @@ def paired_interval(after: list[float | None], before: list[float | None]) -> di
 def direction(interval: dict, sign: int) -> str:
     """Whether a paired difference shows the paper's direction (``sign`` +1: should rise, -1: should fall):
     "shown" when the whole interval is on that side of 0, "opposite" when it is wholly on the other side, "not
-    shown" when it includes 0, "no interval" with fewer than two seeds."""
-    if interval["low"] is None:
-        return "no interval"
+    shown" when it includes 0, "too few seeds" with fewer than ``MIN_VERDICT_SEEDS`` paired seeds."""
+    if interval["seeds"] < MIN_VERDICT_SEEDS or interval["low"] is None:
+        return "too few seeds"
     low, high = sorted((sign * interval["low"], sign * interval["high"]))
     if low > 0:
         return "shown"
@@ -421,7 +423,7 @@ def _fmt_interval(interval: dict, digits: int = 3) -> str:
 def verdicts(figures: dict) -> list[dict]:
     """For each technique (every row after the first): accuracy and each mechanism of ``MECHANISMS`` against the
     row before, and an overall word: "shown" (some check in the paper's direction, none opposite), "opposite",
-    "mixed" (both), "not shown" (neither), "no interval" (one seed: nothing can be shown)."""
+    "mixed" (both), "not shown" (neither), "too few seeds" (no check had ``MIN_VERDICT_SEEDS``)."""
     out = []
     for row in figures["rows"][1:]:
         paired = row["vs_previous"]
@@ -430,7 +432,7 @@ def verdicts(figures: dict) -> list[dict]:
                     "result": direction(paired[key], sign)} for key, sign, what, why in checks]
         found = {r["result"] for r in results}
         overall = ("mixed" if {"shown", "opposite"} <= found else "shown" if "shown" in found
-                   else "opposite" if "opposite" in found else "no interval" if found == {"no interval"}
+                   else "opposite" if "opposite" in found else "too few seeds" if found == {"too few seeds"}
                    else "not shown")
         censored = (sum(v is None for v in row["per_seed"]["steps_to_target"]) if any(
             r["key"] == "steps_to_target_censored" for r in results) else 0)

@@ -135,7 +135,12 @@ def test_paired_interval_by_hand():
     assert (gaps["mean"], gaps["low"], gaps["high"], gaps["seeds"]) == pytest.approx((0.2, 0.2, 0.2, 3))
     one = ablation.paired_interval([0.6], [0.4])
     assert one["mean"] == pytest.approx(0.2) and one["low"] is None
-    assert ablation.direction(one, +1) == "no interval"
+    assert ablation.direction(one, +1) == "too few seeds"
+    # two seeds with the same difference (accuracy moves in steps of 1/256 on 64 problems x 4): a zero-width
+    # interval [+2/256, +2/256], which would read as shown; below 3 seeds there is no verdict
+    two = ablation.paired_interval([210 / 256, 207 / 256], [208 / 256, 205 / 256])
+    assert two["low"] == pytest.approx(two["high"]) == pytest.approx(2 / 256)
+    assert ablation.direction(two, +1) == "too few seeds"
 
 
 def test_t_quantiles():
@@ -235,10 +240,10 @@ def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedde
         assert 0.0 <= row["final_repeat"] <= 1.0
         assert row["curves"]["entropy"]["steps"] == [1, 2] and len(row["curves"]["response_length"]["mean"]) == 2
     assert [v["technique"] for v in figures["verdicts"]] == [name for name, _ in ablation.rows()][1:]
-    assert {v["overall"] for v in figures["verdicts"]} == {"no interval"}  # one seed
+    assert {v["overall"] for v in figures["verdicts"]} == {"too few seeds"}  # one seed
     report = (out / "report.md").read_text()
     assert report.count("\n| ") == 8  # header, rule, six rows
-    assert report.count("\n- **+ ") == 5 and "no interval" in report
+    assert report.count("\n- **+ ") == 5 and "too few seeds" in report
     plots = ["accuracy", "entropy", "response_length", "repetition", "truncation", "fig2b_clip_higher",
              "fig4_token_level_loss", "fig5_overlong_filtering", "fig6_dynamic_sampling"]
     for name in plots:
