@@ -13,12 +13,16 @@ configs/embedded.yaml; ``--threads`` sets it):
         rollout steps as snapshots and validation off; a step's time is its ``timing_s/step`` (metrics.jsonl);
   trl   ``GRPOTrainer.train()``; a rollout step (``updates_per_rollout`` optimizer steps, generation in the
         first) is timed by a callback from the first ``on_step_begin`` to the last ``on_step_end``.
-Then both sets of snapshots (and the common start) are scored by one evaluator, here: ``generate`` from
-``recipe.embedded.rollout`` with the engine's validation sampling (``rollout.val_kwargs``: temperature 1.0,
-top_p 0.7, mean@4 over the 256 held-out problems), the same seed for every snapshot, graded by
-``dapo.reward.compute_score``. Evaluation time is excluded from both training times.
+Then both sets of snapshots (and the common start) are scored by one evaluator, here: ``sample`` from
+``recipe.embedded.decode`` (Hugging Face ``generate``'s tokens, faster) with the engine's validation sampling
+(``rollout.val_kwargs``: temperature 1.0, top_p 0.7, mean@4 over the 256 held-out problems), the same seed for
+every snapshot, graded by ``dapo.reward.compute_score``. Evaluation time is excluded from both training times.
 
-Figures (medians over rollout steps):
+Seeds. Each seed in ``--seeds`` is a paired run: both contenders train with that seed (``embedded.seed`` and
+``data.seed``; TRL's ``seed``) from the same start model; snapshots every ``--eval-every`` rollout steps (every 2
+by default, so the step at which the target is crossed is known to within 2 steps).
+
+Figures (per seed, medians over its rollout steps; then the median and range of each ratio over the seeds):
   step_s            HEADLINE: seconds per optimizer update = seconds per rollout step / updates per rollout.
                     Both train the same number of samples per update; the engine's time includes dynamic
                     sampling's extra generation (data.gen_batch_size prompts per round, rounds until
@@ -30,11 +34,13 @@ Figures (medians over rollout steps):
   peak_rss_mib      peak resident memory of the contender's training process (setup included), MiB.
   time_to_target_s  training seconds (sum of step times, evaluation excluded) until the first evaluation at
                     or above the target accuracy (``--target``; default: the start accuracy plus 0.9 x the
-                    smaller of the two best gains, a level both reach); null if not reached.
+                    smallest best gain of either contender in any seed, a level both reach in every seed, the
+                    same for every seed); null if not reached.
 
-Run: python -m bench.bench_trl [--quick] [--json PATH] [key=value ...]   (engine overrides, verl's names)
-Default: 48 rollout steps each, snapshots every 8 (about 7-8 minutes on 2 shared cores, plus a one-time warm-up
-of the start model if it is not cached); --quick: 6 steps, every 3, 64 held-out problems (about 2 minutes).
+Run: python -m bench.bench_trl [--quick] [--seeds S ...] [--json PATH] [key=value ...]   (engine overrides)
+Default: 5 seeds of 48 rollout steps each, snapshots every 2 (about 2-3 minutes a seed on 2 shared cores, a third of
+it evaluation, plus a one-time warm-up of the start model if it is not cached); --quick: one seed, 6 steps,
+every 3, 64 held-out problems (about 2 minutes).
 """
 
 from __future__ import annotations
@@ -54,16 +60,20 @@ from bench.common import parser, print_table, write_json
 from dapo.settings import eos_token_ids
 
 CONTENDERS = ("ours", "trl")
-PRESETS = {  # rollout steps, steps between snapshots, engine overrides (both read them)
-    "default": {"steps": 48, "eval_every": 8, "overrides": []},
-    "quick": {"steps": 6, "eval_every": 3, "overrides": ["data.val_max_samples=64"]},  # mean@4 over 64 problems
+PRESETS = {  # rollout steps, steps between snapshots, seeds, engine overrides (both read them)
+    "default": {"steps": 48, "eval_every": 2, "seeds": [0, 1, 2, 3, 4], "overrides": []},
+    "quick": {"steps": 6, "eval_every": 3, "seeds": [0], "overrides": ["data.val_max_samples=64"]},  # mean@4 / 64
 }
-TARGET_FRACTION = 0.9  # default target: start + 0.9 x the smaller of the two best gains
+TARGET_FRACTION = 0.9  # default target: start + 0.9 x the smallest best gain of any contender in any seed
 
 
-def engine_overrides(run_dir: Path, steps: int, eval_every: int, threads: int | None) -> list[str]:
-    """What the bench sets on top of configs/embedded.yaml: length, checkpoints as snapshots, nothing extra."""
+def engine_overrides(run_dir: Path, steps: int, eval_every: int, threads: int | None, seed: int) -> list[str]:
+    """What the bench sets on top of configs/embedded.yaml: length, seed, checkpoints as snapshots, nothing extra.
+    The seed is the training seed and the data-order seed of both contenders (TRL's ``seed`` is ``embedded.seed``,
+    its data order follows it); the start model (the warm-up cache) is the same for every seed."""
     return [
+        f"embedded.seed={seed}",
+        f"data.seed={seed}",
         f"trainer.total_training_steps={steps}",
         f"trainer.save_freq={eval_every}",
         "trainer.max_actor_ckpt_to_keep=null",  # keep every snapshot
@@ -261,7 +271,8 @@ class Evaluator:
     @torch.no_grad()
     def accuracy(self, weights: str) -> float:
         from dapo.reward import compute_score
-        from recipe.embedded.rollout import SamplingParams, generate
+        from recipe.embedded.decode import sample
+        from recipe.embedded.rollout import SamplingParams
 
         c, tok = self.c, self.tokenizer
         model = self.load(weights)
@@ -270,7 +281,7 @@ class Evaluator:
         params = SamplingParams(c.val_do_sample, c.val_temperature, c.val_top_p, c.val_top_k)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            ids, mask = generate(
+            ids, mask, _ = sample(  # generate's tokens from the same RNG state (tests/test_embedded_decode.py)
                 model, self.val.prompt_ids, n=c.val_n, params=params, max_new_tokens=c.max_response_length,
                 eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
             )  # [V*k, T]
@@ -320,11 +331,16 @@ def time_to(target: float, acc: dict[int, float], rollout_s: list[float]) -> tup
     return None, None
 
 
-def figures(results: dict[str, dict], acc: dict[str, dict[int, float]], target: float | None) -> dict:
-    start = acc["ours"][0]
-    if target is None:  # a level both reach: most of the smaller gain
-        target = start + TARGET_FRACTION * max(0.0, min(max(a.values()) - start for a in acc.values()))
-    out = {"target_acc": target, "start_acc": start}
+def common_target(accs: list[dict[str, dict[int, float]]]) -> float:
+    """The default target: a level every contender reaches in every seed, start + 0.9 x the smallest best gain."""
+    start = accs[0]["ours"][0]
+    gains = [max(a.values()) - start for acc in accs for a in acc.values()]
+    return start + TARGET_FRACTION * max(0.0, min(gains))
+
+
+def figures(results: dict[str, dict], acc: dict[str, dict[int, float]], target: float) -> dict:
+    """One seed's figures: medians over its rollout steps, time to ``target`` and the ratios ours over TRL."""
+    out = {"target_acc": target, "start_acc": acc["ours"][0]}
     for name, r in results.items():
         rollout_s, upr = r["rollout_s"], r["updates_per_rollout"]
         per_response = [s / g for s, g in zip(rollout_s, r["generated"])]
@@ -354,39 +370,84 @@ def figures(results: dict[str, dict], acc: dict[str, dict[int, float]], target: 
     return out
 
 
-def report(fig: dict, settings: dict) -> None:
+def summary(per_seed: dict[int, dict]) -> dict:
+    """Across seeds: the median and range of each ratio, and of each contender's steps to the target."""
+    def spread(values: list) -> dict:
+        values = [v for v in values if v is not None]
+        if not values:
+            return {"median": None, "min": None, "max": None, "n": 0}
+        return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+    figs = list(per_seed.values())
+    out = {key: spread([f[key] for f in figs])
+           for key in ("speedup_step", "speedup_response", "speedup_time_to_target")}
+    for name in CONTENDERS:
+        for key in ("steps_to_target", "time_to_target_s", "step_s", "rollout_step_s", "final_acc", "peak_rss_mib"):
+            out[f"{name}_{key}"] = spread([f[name][key] for f in figs])
+    out["seeds_reached_by_both"] = sum(f["speedup_time_to_target"] is not None for f in figs)
+    return out
+
+
+def report(per_seed: dict[int, dict], summ: dict, settings: dict) -> None:
+    first = next(iter(per_seed.values()))
     print(f"\nDAPO training, engine vs TRL GRPOTrainer(loss_type='dapo'), taking turns step by step, "
           f"{settings['threads']} torch thread(s) each; {settings['steps']} rollout steps of "
-          f"{settings['train_batch_size']} prompts x {settings['n']}, {fig['ours']['updates_per_rollout']} updates "
-          "each; medians over rollout steps")
-    rows = []
-    for name in CONTENDERS:
-        f = fig[name]
-        ttt = "not reached"
-        if f["time_to_target_s"] is not None:
-            ttt = f"{f['time_to_target_s']:.1f} (step {f['steps_to_target']})"
-        rows.append([name, f["step_s"], f["rollout_step_s"], f["gen_phase_s"], f["update_phase_s"],
-                     f["generated_per_step"], f["response_ms"], f"{fig['start_acc']:.3f} -> {f['final_acc']:.3f}",
-                     ttt, f["peak_rss_mib"]])
-    print_table(["contender", "s / update", "s / rollout step", "(generation", "updates)", "responses / step",
-                 "ms / response", "val acc start -> end", f"s to acc >= {fig['target_acc']:.3f}",
-                 "peak RSS MiB"], rows)
-    print("\nvalidation accuracy (mean@k, same evaluator) by rollout step:")
-    steps = sorted(int(s) for s in fig["ours"]["val_acc"])
-    print_table(["rollout step", *map(str, steps)],
-                [[name, *[fig[name]["val_acc"].get(str(s), float("nan")) for s in steps]] for name in CONTENDERS])
-    ttt = fig["speedup_time_to_target"]
-    print(f"\nthroughput, ours over TRL (headline, s / update): {fig['speedup_step']:.2f}x; per generated response: "
-          f"{fig['speedup_response']:.2f}x; time to target: " + ("n/a" if ttt is None else f"{ttt:.2f}x"))
+          f"{settings['train_batch_size']} prompts x {settings['n']}, {first['ours']['updates_per_rollout']} updates "
+          f"each, evaluated every {settings['eval_every']}; seeds {settings['seeds']}; medians over rollout steps")
+    for seed, fig in per_seed.items():
+        rows = []
+        for name in CONTENDERS:
+            f = fig[name]
+            ttt = "not reached"
+            if f["time_to_target_s"] is not None:
+                ttt = f"{f['time_to_target_s']:.1f} (step {f['steps_to_target']})"
+            rows.append([name, f["step_s"], f["rollout_step_s"], f["gen_phase_s"], f["update_phase_s"],
+                         f["generated_per_step"], f["response_ms"],
+                         f"{fig['start_acc']:.3f} -> {f['final_acc']:.3f}", ttt, f["peak_rss_mib"]])
+        print(f"\nseed {seed}:")
+        print_table(["contender", "s / update", "s / rollout step", "(generation", "updates)", "responses / step",
+                     "ms / response", "val acc start -> end", f"s to acc >= {fig['target_acc']:.3f}",
+                     "peak RSS MiB"], rows)
+        steps = sorted(int(s) for s in fig["ours"]["val_acc"])
+        print("validation accuracy (mean@k, same evaluator) by rollout step:")
+        print_table(["rollout step", *map(str, steps)],
+                    [[name, *[fig[name]["val_acc"].get(str(s), float("nan")) for s in steps]] for name in CONTENDERS])
+    print("\nours over TRL, per seed:")
+    fmt = lambda v: "n/a" if v is None else f"{v:.2f}x"  # noqa: E731
+    print_table(["seed", "per update (headline)", "per response", "time to target", "steps to target ours / trl"],
+                [[seed, fmt(f["speedup_step"]), fmt(f["speedup_response"]), fmt(f["speedup_time_to_target"]),
+                  f"{f['ours']['steps_to_target']} / {f['trl']['steps_to_target']}"] for seed, f in per_seed.items()])
+    line = []
+    for key, label in (("speedup_step", "per update (headline)"), ("speedup_response", "per generated response"),
+                       ("speedup_time_to_target", "time to target")):
+        s = summ[key]
+        line.append(f"{label}: " + ("n/a" if s["median"] is None else
+                                    f"{s['median']:.2f}x (seeds {s['min']:.2f}-{s['max']:.2f}, n={s['n']})"))
+    print("\nmedian over seeds, ours over TRL: " + "; ".join(line))
+
+
+def evaluate(evaluator: Evaluator, model_dir: str, results: dict[str, dict], steps: int, every: int,
+             start_acc: float | None) -> dict[str, dict[int, float]]:
+    """Accuracy of the start model and of every snapshot of both contenders, interleaved (not timed)."""
+    begin = time.perf_counter()
+    start_acc = evaluator.accuracy(model_dir) if start_acc is None else start_acc
+    acc = {name: {0: start_acc} for name in CONTENDERS}
+    for step in range(every, steps + 1, every):
+        for name in CONTENDERS:
+            acc[name][step] = evaluator.accuracy(results[name]["snapshots"][str(step)])
+    print(f"evaluation: {2 * (steps // every)} snapshots in {time.perf_counter() - begin:.0f} s (not timed)")
+    return acc
 
 
 def main() -> None:
     p = parser(__doc__, repeats=False)
     p.add_argument("overrides", nargs="*", help="engine config overrides (key=value, verl's names), applied to both")
     p.add_argument("--quick", action="store_true",
-                   help="6 rollout steps, evaluated every 3 on 64 held-out problems (about 2 minutes)")
+                   help="6 rollout steps, evaluated every 3 on 64 held-out problems, one seed (about 2 minutes)")
     p.add_argument("--steps", type=int, default=None, help="rollout steps per contender")
     p.add_argument("--eval-every", type=int, default=None, help="rollout steps between snapshots")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="training seeds, each a paired run of both contenders (same start model, same seed)")
     p.add_argument("--target", type=float, default=None, help="validation accuracy for time_to_target_s")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads of both (sets embedded.num_threads; default: the engine's setting)")
@@ -397,43 +458,50 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     preset = PRESETS["quick" if args.quick else "default"]
     steps, every = args.steps or preset["steps"], args.eval_every or preset["eval_every"]
+    seeds = args.seeds or preset["seeds"]
     if steps % every:
         raise SystemExit(f"--steps ({steps}) must be a multiple of --eval-every ({every})")
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds must be distinct (got {seeds})")
     with tempfile.TemporaryDirectory(prefix="bench_trl-") as tmp:
-        out_dir = (args.keep or Path(tmp)).resolve()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        overrides = engine_overrides(out_dir / "ours_run", steps, every, args.threads) + preset["overrides"]
-        overrides += args.overrides
-        _, c = engine_config(overrides)
-        model_dir = start_model(c)
-        train_file, val_files = data_files(c)
-        check_prompt_parity(c, model_dir, train_file)
-        spec = {"overrides": overrides, "model_dir": model_dir, "train_file": train_file, "steps": steps,
-                "eval_every": every, "out_dir": str(out_dir)}
-        results = run_alternating(spec, out_dir)
+        root = (args.keep or Path(tmp)).resolve()
+        results, accs, evaluator, start_acc = {}, {}, None, None
+        for seed in seeds:
+            out_dir = root / f"seed_{seed}"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            overrides = engine_overrides(out_dir / "ours_run", steps, every, args.threads, seed) + preset["overrides"]
+            overrides += args.overrides
+            _, c = engine_config(overrides)
+            model_dir = start_model(c)
+            train_file, val_files = data_files(c)
+            check_prompt_parity(c, model_dir, train_file)
+            spec = {"overrides": overrides, "model_dir": model_dir, "train_file": train_file, "steps": steps,
+                    "eval_every": every, "out_dir": str(out_dir)}
+            print(f"seed {seed}: training both")
+            results[seed] = run_alternating(spec, out_dir)
 
-        if c.num_threads is not None:
-            torch.set_num_threads(c.num_threads)
-        from transformers.utils import logging as hf_logging
+            if c.num_threads is not None:
+                torch.set_num_threads(c.num_threads)
+            if evaluator is None:
+                from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # one "Loading weights" bar per snapshot otherwise
-        evaluator = Evaluator(c, model_dir, val_files)
-        start = time.perf_counter()
-        acc = {name: {} for name in CONTENDERS}
-        acc["ours"][0] = acc["trl"][0] = evaluator.accuracy(model_dir)
-        for step in range(every, steps + 1, every):  # interleaved
-            for name in CONTENDERS:
-                acc[name][step] = evaluator.accuracy(results[name]["snapshots"][str(step)])
-        print(f"evaluation: {2 * (steps // every) + 1} models in {time.perf_counter() - start:.0f} s (not timed)")
+                hf_logging.disable_progress_bar()  # one "Loading weights" bar per snapshot otherwise
+                evaluator = Evaluator(c, model_dir, val_files)  # one evaluator (its own seed) for every seed
+            accs[seed] = evaluate(evaluator, model_dir, results[seed], steps, every, start_acc)
+            start_acc = accs[seed]["ours"][0]  # the same start model for every seed
 
-        fig = figures(results, acc, args.target)
-        settings = {"steps": steps, "eval_every": every, "threads": results["ours"]["torch_threads"], "n": c.n,
+        target = args.target if args.target is not None else common_target(list(accs.values()))
+        per_seed = {seed: figures(results[seed], accs[seed], target) for seed in seeds}
+        summ = summary(per_seed)
+        settings = {"steps": steps, "eval_every": every, "seeds": seeds,
+                    "threads": results[seeds[0]]["ours"]["torch_threads"], "n": c.n,
                     "train_batch_size": c.train_batch_size, "gen_batch_size": c.gen_batch_size,
                     "ppo_mini_batch_size": c.ppo_mini_batch_size, "max_response_length": c.max_response_length,
                     "lr": c.lr, "val_n": c.val_n, "val_top_p": c.val_top_p, "overrides": args.overrides,
                     "filter_groups": c.dapo.filter.enable, "preset": "quick" if args.quick else "default"}
-        report(fig, settings)
-        write_json(args.json, {**fig, "settings": settings})
+        report(per_seed, summ, settings)
+        write_json(args.json, {"target_acc": target, "seeds": {str(k): v for k, v in per_seed.items()},
+                               "summary": summ, "settings": settings})
 
 
 if __name__ == "__main__":
