@@ -6,6 +6,7 @@ real Qwen2 vocabulary (151,936 tokens) with a tiny body, so that top-k / top-p a
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -121,8 +122,10 @@ def test_sampling_log_probs_equal_a_full_forward(dtype, tol):
     assert float(log_probs[mask.bool()].sum()) < 0 and bool((log_probs[~mask.bool()] == 0).all())
 
 
-def test_shared_prompt_forward_equals_the_full_forward_with_gradients():
-    """Groups of unequal sizes (3, 1, 4 responses) on prompts of different lengths, responses with padding:
+@pytest.mark.parametrize("layout", ["packed", "cache"])
+def test_shared_prompt_forward_equals_the_full_forward_with_gradients(layout):
+    """Groups of unequal sizes (3, 1, 4 responses) on prompts of different lengths, responses with padding, in
+    both layouts (one block-causal packed row per prompt; the prompt's KV cache expanded per response):
     log-probs, entropies and every parameter's gradient of sum(log_prob * mask) agree with the full forward."""
     model = qwen2(64).train()
     distinct = prompts(64, count=3)
@@ -141,7 +144,7 @@ def test_shared_prompt_forward_equals_the_full_forward_with_gradients():
         return log_prob.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
 
     full = run(sequence_log_probs)
-    shared = run(shared_prompt_log_probs)
+    shared = run(functools.partial(shared_prompt_log_probs, layout=layout))
     m = response_mask.bool()
     torch.testing.assert_close(shared[0][m], full[0][m], rtol=0, atol=1e-5)
     torch.testing.assert_close(shared[1][m], full[1][m], rtol=0, atol=1e-5)
