@@ -12,12 +12,18 @@ in alternation (bench/common.py), one torch thread:
   update        one optimizer update: forward + backward of a 16-response micro-batch padded to the batch's
                 width, clip, AdamW (for-loop)  vs  shared-prompt forward at the micro-batch's own width, fused AdamW
 
+The engine's shared-prompt forward is timed in both of its layouts (``decode.shared_prompt_log_probs``):
+``cache`` (prompts prefilled once, KV cache expanded per response: two model calls) and ``packed`` (a group in one
+block-causal row: one model call; what ``layout="auto"`` picks for these short rows).
+
 A step = generate + score + old_log_prob + 8 updates (one round; dynamic sampling may add rounds).
 
 Run: python -m bench.bench_step [--repeats N] [--json PATH]
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -47,7 +53,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from dapo.reward import compute_score
-    from recipe.embedded.decode import batched_shared_log_probs, sample, shared_prompt_log_probs
+    from recipe.embedded.decode import sample, shared_prompt_log_probs
     from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate, sequence_log_probs
 
     c, model_dir, tok, train = setup()
@@ -75,11 +81,11 @@ def main() -> None:
         "ours": torch.optim.AdamW(model.parameters(), lr=0.0, fused=True),
     }
 
-    def update(fn, optimizer, ids_m, mask_m):
+    def update(fn, optimizer, ids_m, mask_m, **layout):
         model.train()
         optimizer.zero_grad(set_to_none=True)
         log_prob, entropy = fn(model, rows[:micro], ids_m, mask_m, temperature=c.temperature, pad_id=pad,
-                               with_entropy=True)
+                               with_entropy=True, **layout)
         (-(log_prob * mask_m).sum() / mask_m.sum()).backward()
         torch.nn.utils.clip_grad_norm_(list(model.parameters()), c.grad_clip)
         optimizer.step()
@@ -92,28 +98,36 @@ def main() -> None:
         "generate/ours": lambda: sample(model, prompts, **gen_kwargs),
         "score": lambda: [compute_score(None, t, g) for t, g in zip(texts, truths)],
         "old_log_prob/hf": lambda: batched_log_probs(model, rows, ids_t, mask_t, **lp_kwargs),
-        "old_log_prob/ours": lambda: batched_shared_log_probs(model, rows, ids_t, mask_t, **lp_kwargs),
+        "old_log_prob/cache": lambda: batched_log_probs(model, rows, ids_t, mask_t, **lp_kwargs,
+                                                        log_prob_fn=partial(shared_prompt_log_probs, layout="cache")),
+        "old_log_prob/packed": lambda: batched_log_probs(model, rows, ids_t, mask_t, **lp_kwargs,
+                                                         log_prob_fn=partial(shared_prompt_log_probs, layout="packed")),
         "update/hf": lambda: update(sequence_log_probs, optimizers["hf"], padded(ids_t, pad), padded(mask_t, 0)),
-        "update/ours": lambda: update(shared_prompt_log_probs, optimizers["ours"], ids_t[:micro, :own_width],
-                                      mask_t[:micro, :own_width]),
+        **{f"update/{layout}": partial(update, shared_prompt_log_probs, optimizers["ours"], ids_t[:micro, :own_width],
+                                       mask_t[:micro, :own_width], layout=layout) for layout in ("cache", "packed")},
     }
     t = time_interleaved(contenders, args.repeats)
     updates = c.train_batch_size // c.ppo_mini_batch_size * c.ppo_epochs
-    steps = {
-        "hf": t["generate/hf"] + t["score"] + t["old_log_prob/hf"] + updates * t["update/hf"],
-        "ours": t["generate/ours"] + t["score"] + updates * t["update/ours"],  # bypass_mode: no old_log_prob pass
-    }
+    layouts = ("cache", "packed")
+    steps = {"hf": t["generate/hf"] + t["score"] + t["old_log_prob/hf"] + updates * t["update/hf"]}
+    for layout in layouts:  # bypass_mode: no old_log_prob pass
+        steps[layout] = t["generate/ours"] + t["score"] + updates * t[f"update/{layout}"]
     rows_out = []
     for part, n_times in (("generate", 1), ("score", 1), ("old_log_prob", 1), ("update", updates)):
         hf = t.get(f"{part}/hf", t.get(part))
-        ours = 0.0 if part == "old_log_prob" else t.get(f"{part}/ours", t.get(part))
-        rows_out.append([f"{part} x{n_times}", hf * n_times * 1e3, ours * n_times * 1e3,
-                         hf / ours if ours else float("inf")])
-    rows_out.append(["one round step", steps["hf"] * 1e3, steps["ours"] * 1e3, steps["hf"] / steps["ours"]])
+        cache, packed = (t.get(f"{part}/{layout}", t.get(f"{part}/ours", t.get(part))) for layout in layouts)
+        if part == "old_log_prob":
+            cache = packed = 0.0
+        rows_out.append([f"{part} x{n_times}", hf * n_times * 1e3, cache * n_times * 1e3, packed * n_times * 1e3,
+                         hf / packed if packed else float("inf"), cache / packed if packed else float("inf")])
+    rows_out.append(["one round step", *(steps[k] * 1e3 for k in ("hf", "cache", "packed")),
+                     steps["hf"] / steps["packed"], steps["cache"] / steps["packed"]])
     print(f"\none round of {c.gen_batch_size} prompts x {c.n}, {updates} updates of {micro} responses; "
-          f"medians of {args.repeats} alternating repeats, ms; old_log_prob 'ours' = bypass_mode (the shared-prompt "
-          f"recomputation takes {t['old_log_prob/ours'] * 1e3:.1f} ms)")
-    print_table(["part", "HF path (before)", "engine (after)", "ratio"], rows_out)
+          f"medians of {args.repeats} alternating repeats, ms; the engine's old_log_prob = bypass_mode (the "
+          f"shared-prompt recomputation takes {t['old_log_prob/cache'] * 1e3:.1f} ms in the cache layout, "
+          f"{t['old_log_prob/packed'] * 1e3:.1f} ms packed)")
+    print_table(["part", "HF path", "engine, cache layout", "engine, packed", "HF / packed", "cache / packed"],
+                rows_out)
     write_json(args.json, {"ms": {k: v * 1e3 for k, v in t.items()}, "step_ms": {k: v * 1e3 for k, v in steps.items()},
                            "updates": updates})
 
