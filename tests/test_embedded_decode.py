@@ -151,3 +151,30 @@ def test_shared_prompt_forward_equals_the_full_forward_with_gradients(layout):
     for a, b in zip(shared[2], full[2]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert sum(math.isfinite(float(g.abs().sum())) and float(g.abs().sum()) > 0 for g in full[2]) == len(full[2])
+
+
+def test_auto_layout_packs_short_rows_and_caches_long_ones(monkeypatch):
+    """``layout="auto"``: rows of prompt + n x response up to PACKED_MAX_LEN tokens go through the model in one
+    call (packed), longer ones in two (prompt prefill, then the responses on its cache); an unknown layout is an
+    error naming the choices. Here a row is 7 + 3 x (6 - 1) = 22 tokens."""
+    from recipe.embedded import decode
+
+    model = qwen2(64).train()
+    rows = [prompts(64, count=1)[0]] * 3  # one prompt of 7 tokens, a group of 3 responses
+    response_ids = torch.randint(3, 64, (3, 6), generator=torch.Generator().manual_seed(3))  # [3, 6]
+    response_mask = torch.ones(3, 6, dtype=torch.long)
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs_out: calls.append(1))
+
+    def model_calls(limit: int) -> int:
+        monkeypatch.setattr(decode, "PACKED_MAX_LEN", limit)
+        calls.clear()
+        shared_prompt_log_probs(model, rows, response_ids, response_mask, temperature=1.0, pad_id=PAD)
+        return len(calls)
+
+    row = len(rows[0]) + 3 * 5
+    assert model_calls(row) == 1  # fits: packed
+    assert model_calls(row - 1) == 2  # one token too long: cache layout
+    with pytest.raises(ValueError, match="'auto', 'packed' or 'cache'"):
+        shared_prompt_log_probs(model, rows, response_ids, response_mask, temperature=1.0, pad_id=PAD,
+                                layout="flat")
