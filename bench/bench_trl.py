@@ -36,6 +36,8 @@ Figures (per seed, medians over its rollout steps; then the median and range of 
                     or above the target accuracy (``--target``; default: the start accuracy plus 0.9 x the
                     smallest best gain of either contender in any seed, a level both reach in every seed, the
                     same for every seed); null if not reached.
+  mean curve        time to target on the accuracy curves averaged over the seeds (less evaluation noise than
+                    one seed's first crossing), for targets at 0.5, 0.75 and 0.9 of the smaller gain.
 
 Run: python -m bench.bench_trl [--quick] [--seeds S ...] [--json PATH] [key=value ...]   (engine overrides)
 Default: 5 seeds of 48 rollout steps each, snapshots every 2 (about 2-3 minutes a seed on 2 shared cores, a third of
@@ -65,6 +67,7 @@ PRESETS = {  # rollout steps, steps between snapshots, seeds, engine overrides (
     "quick": {"steps": 6, "eval_every": 3, "seeds": [0], "overrides": ["data.val_max_samples=64"]},  # mean@4 / 64
 }
 TARGET_FRACTION = 0.9  # default target: start + 0.9 x the smallest best gain of any contender in any seed
+MEAN_CURVE_FRACTIONS = (0.5, 0.75, 0.9)  # targets on the seed-mean curves: these fractions of the smaller gain
 
 
 def engine_overrides(run_dir: Path, steps: int, eval_every: int, threads: int | None, seed: int) -> list[str]:
@@ -385,6 +388,33 @@ def summary(per_seed: dict[int, dict]) -> dict:
         for key in ("steps_to_target", "time_to_target_s", "step_s", "rollout_step_s", "final_acc", "peak_rss_mib"):
             out[f"{name}_{key}"] = spread([f[name][key] for f in figs])
     out["seeds_reached_by_both"] = sum(f["speedup_time_to_target"] is not None for f in figs)
+    out["mean_curve"] = mean_curve(per_seed)
+    return out
+
+
+def mean_curve(per_seed: dict[int, dict]) -> dict:
+    """Time to target on the curves averaged over seeds: each contender's mean accuracy at each evaluation and
+    its mean training seconds up to it. One seed's first crossing of a level near the plateau moves by several
+    evaluations with the evaluator's noise (mean@4 over 256 problems: about +-0.015); the mean of the seeds'
+    curves has sqrt(seeds) less of it. Targets: ``MEAN_CURVE_FRACTIONS`` of the smaller of the two best gains."""
+    figs = list(per_seed.values())
+    start = figs[0]["start_acc"]
+    curves, seconds = {}, {}
+    for name in CONTENDERS:
+        steps = sorted(int(s) for s in figs[0][name]["val_acc"])
+        curves[name] = {s: statistics.mean(f[name]["val_acc"][str(s)] for f in figs) for s in steps}
+        # mean step time per rollout step (seconds to step s = s x the mean over seeds of seconds per step)
+        seconds[name] = statistics.mean(f[name]["train_s_total"] / f[name]["rollout_steps"] for f in figs)
+    gain = min(max(c.values()) - start for c in curves.values())
+    out = {"acc": {name: {str(s): a for s, a in c.items()} for name, c in curves.items()},
+           "mean_step_s": seconds, "targets": {}}
+    for fraction in MEAN_CURVE_FRACTIONS:
+        target = start + fraction * gain
+        reached = {name: next((s for s in sorted(c) if s > 0 and c[s] >= target), None) for name, c in curves.items()}
+        entry = {"target_acc": target, "steps": reached, "speedup": None}
+        if all(reached.values()):
+            entry["speedup"] = (reached["trl"] * seconds["trl"]) / (reached["ours"] * seconds["ours"])
+        out["targets"][str(fraction)] = entry
     return out
 
 
@@ -424,6 +454,12 @@ def report(per_seed: dict[int, dict], summ: dict, settings: dict) -> None:
         line.append(f"{label}: " + ("n/a" if s["median"] is None else
                                     f"{s['median']:.2f}x (seeds {s['min']:.2f}-{s['max']:.2f}, n={s['n']})"))
     print("\nmedian over seeds, ours over TRL: " + "; ".join(line))
+    mc = summ["mean_curve"]
+    print(f"\non the curves averaged over the {len(per_seed)} seeds (mean s / rollout step: ours "
+          f"{mc['mean_step_s']['ours']:.3f}, trl {mc['mean_step_s']['trl']:.3f}):")
+    print_table(["fraction of the gain", "target acc", "steps ours / trl", "time to target, ours over TRL"],
+                [[fraction, e["target_acc"], f"{e['steps']['ours']} / {e['steps']['trl']}", fmt(e["speedup"])]
+                 for fraction, e in mc["targets"].items()])
 
 
 def evaluate(evaluator: Evaluator, model_dir: str, results: dict[str, dict], steps: int, every: int,
