@@ -40,9 +40,9 @@ Figures (per seed, medians over its rollout steps; then the median and range of 
                     one seed's first crossing), for targets at 0.5, 0.75 and 0.9 of the smaller gain.
 
 Run: python -m bench.bench_trl [--quick] [--seeds S ...] [--json PATH] [key=value ...]   (engine overrides)
-Default: 5 seeds of 48 rollout steps each, snapshots every 2 (about 2-3 minutes a seed on 2 shared cores, a third of
-it evaluation, plus a one-time warm-up of the start model if it is not cached); --quick: one seed, 6 steps,
-every 3, 64 held-out problems (about 2 minutes).
+Default: 5 seeds of 48 rollout steps each, snapshots every 2 (about 15 minutes on 2 shared cores, a third of it
+evaluation, plus a one-time warm-up of the start model if it is not cached); --quick: one seed, 6 steps, every 3,
+64 held-out problems (under a minute).
 """
 
 from __future__ import annotations
