@@ -155,7 +155,10 @@ def _sample_chunk(model, prompts, n, params, max_new_tokens, eos, pad_id, device
     return tokens[:, :steps], log_probs[:, :steps]
 
 
-PACKED_MAX_LEN = 256  # longest packed row (prompt + n x response) run as one masked sequence; longer: KV cache
+# Longest packed row (prompt + n x response) run as one masked sequence; longer rows use the KV-cache layout.
+# Measured on the default tiny Qwen2, one CPU thread, G = 8 (update time, cache over packed): 1.5x at rows of 78
+# tokens, 1.2x at 142, 1.0x at 270, 0.8x at 526.
+PACKED_MAX_LEN = 256
 
 
 def shared_prompt_log_probs(
