@@ -18,6 +18,7 @@ Everything is made locally, nothing is downloaded:
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,7 @@ class AdditionTask:
         """The ``train`` or ``val`` rows in verl's parquet schema."""
         pairs = self.problems()
         chosen = pairs[: self.val_size] if split == "val" else pairs[self.val_size :]
-        return [_row(index, split, a, b) for index, (a, b) in enumerate(chosen)]
+        return [_addition_row(index, split, a, b) for index, (a, b) in enumerate(chosen)]
 
     def write_parquet(self, out_dir: Path) -> tuple[Path, Path]:
         """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; return their paths."""
@@ -135,13 +136,101 @@ class StepsAdditionTask:
     def rows(self, split: str) -> list[dict]:
         pairs = self.problems()
         chosen = pairs[: self.val_size] if split == "val" else pairs[self.val_size :]
-        return [_row(index, split, a, b, solution=worked_solution(a, b)) for index, (a, b) in enumerate(chosen)]
+        return [_addition_row(index, split, a, b, solution=worked_solution(a, b)) for index, (a, b) in enumerate(chosen)]
 
     write_parquet = AdditionTask.write_parquet
 
 
-def _row(index: int, split: str, a: int, b: int, solution: str | None = None) -> dict:
-    problem = f"What is {a} + {b}?"
+CHAIN_MAX_VALUE = 99  # every running value of a chain stays in 0..99 (two digit tokens at most)
+
+
+def chain_solution(start: int, operands: Sequence[int]) -> str:
+    """The chain worked left to right, one line per operation, then the answer line the DAPO scorer reads.
+
+    ``chain_solution(17, [5, -3, 8])`` (the problem ``17+5-3+8``) is ``"17+5=22\n22-3=19\n19+8=27\nAnswer: 27"``:
+    each line copies the running value, applies the next operation of the problem and writes the new value, so
+    the response grows by one line (about 8 tokens) per operation.
+    """
+    lines, value = [], start
+    for operand in operands:
+        new = value + operand
+        lines.append(f"{value}{operand:+d}={new}")
+        value = new
+    lines.append(target_text(str(value)))
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ChainTask:
+    """A chain of ``min_steps`` to ``max_steps`` additions and subtractions of one-digit numbers to a start of 0 to
+    99 (``What is 17+5-3+8?``), answered after one worked line per operation (:func:`chain_solution`), so correct
+    responses range from about 13 tokens (one operation) to about 8 x ``max_steps`` tokens, and a response is right
+    only if every line is. The number of operations is uniform over the range, the sign of each operation random
+    but flipped where the running value would leave 0..99. ``train_size`` + ``val_size`` distinct problems, the
+    first ``val_size`` held out for validation; the ground truth is the final value, verified by ``dapo.reward``."""
+
+    min_steps: int = 1
+    max_steps: int = 20
+    val_size: int = 256
+    train_size: int = 4000
+    seed: int = 0
+
+    def problems(self) -> list[tuple[int, tuple[int, ...]]]:
+        """``val_size + train_size`` distinct ``(start, signed operands)`` in a seeded random order (validation first)."""
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(
+                f"embedded.task.min_steps and max_steps must satisfy 1 <= min_steps <= max_steps, got "
+                f"{self.min_steps} and {self.max_steps}"
+            )
+        if self.val_size < 1 or self.train_size < 1:
+            raise ValueError(
+                f"embedded.task.val_size and embedded.task.train_size must be >= 1, got {self.val_size} and "
+                f"{self.train_size}"
+            )
+        wanted = self.val_size + self.train_size
+        # at least 100 starts x 9 digits per operation (one sign at worst) distinct chains of each length
+        fewest = sum((CHAIN_MAX_VALUE + 1) * 9**k for k in range(self.min_steps, self.max_steps + 1))
+        if wanted > fewest // 2:
+            raise ValueError(
+                f"embedded.task.val_size + train_size = {wanted} is more than half of the {fewest} chains of "
+                f"{self.min_steps} to {self.max_steps} operations; raise embedded.task.max_steps or ask for fewer "
+                "problems"
+            )
+        rng = random.Random(self.seed)
+        seen: set[tuple[int, tuple[int, ...]]] = set()
+        out = []
+        while len(out) < wanted:
+            value = start = rng.randint(0, CHAIN_MAX_VALUE)
+            operands = []
+            for _ in range(rng.randint(self.min_steps, self.max_steps)):
+                operand = rng.randint(1, 9) * rng.choice((1, -1))
+                if not 0 <= value + operand <= CHAIN_MAX_VALUE:
+                    operand = -operand
+                operands.append(operand)
+                value += operand
+            problem = (start, tuple(operands))
+            if problem not in seen:
+                seen.add(problem)
+                out.append(problem)
+        return out
+
+    def rows(self, split: str) -> list[dict]:
+        chains = self.problems()
+        chosen = chains[: self.val_size] if split == "val" else chains[self.val_size :]
+        return [
+            _row(index, split, f"What is {start}{''.join(f'{x:+d}' for x in operands)}?", start + sum(operands),
+                 solution=chain_solution(start, operands))
+            for index, (start, operands) in enumerate(chosen)
+        ]
+
+    write_parquet = AdditionTask.write_parquet
+
+
+def _addition_row(index: int, split: str, a: int, b: int, solution: str | None = None) -> dict:
+    return _row(index, split, f"What is {a} + {b}?", a + b, solution=solution)
+
+
+def _row(index: int, split: str, problem: str, answer: int, solution: str | None = None) -> dict:
     extra = {"index": index, "split": split, "raw_problem": problem}
     if solution is not None:
         extra["solution"] = solution  # what the warm-up teaches (absent: target_text of the ground truth)
@@ -149,7 +238,7 @@ def _row(index: int, split: str, a: int, b: int, solution: str | None = None) ->
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": DAPO_INSTRUCTION.format(problem=problem)}],
         "ability": "MATH",
-        "reward_model": {"ground_truth": str(a + b), "style": "rule-lighteval/MATH_v2"},
+        "reward_model": {"ground_truth": str(answer), "style": "rule-lighteval/MATH_v2"},
         "extra_info": extra,
     }
 

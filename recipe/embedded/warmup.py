@@ -23,7 +23,7 @@ import torch
 
 from recipe.embedded.config import ConfigError
 from recipe.embedded.rollout import sequence_log_probs
-from recipe.embedded.task import AdditionTask, StepsAdditionTask, build_model, build_tokenizer, solution_text
+from recipe.embedded.task import AdditionTask, ChainTask, StepsAdditionTask, build_model, build_tokenizer, solution_text
 
 _CACHE_VERSION = 1  # bump when the recipe of the cached artefacts changes
 
@@ -32,6 +32,8 @@ TASKS = {  # embedded.task.name -> (task class, its settings' defaults)
     "addition": (AdditionTask, TASK_DEFAULTS),
     "addition_steps": (StepsAdditionTask, {"name": "addition_steps", "digits": 3, "val_size": 256, "train_size": 4000,
                                            "seed": 0}),
+    "chain": (ChainTask, {"name": "chain", "min_steps": 1, "max_steps": 20, "val_size": 256, "train_size": 4000,
+                          "seed": 0}),
 }
 MODEL_DEFAULTS = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
                   "num_key_value_heads": 2, "max_position_embeddings": 256}
@@ -43,9 +45,16 @@ def _digest(obj) -> str:
 
 
 def _settings(given: dict, defaults: dict, key: str) -> dict:
+    """``defaults`` updated by ``given``; a null value counts as not given (so that a config can unset another
+    task's knob inherited from configs/embedded.yaml, as configs/ablation.yaml does with ``digits``)."""
+    given = {k: v for k, v in given.items() if v is not None}
     unknown = sorted(set(given) - set(defaults))
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} under {key}; known: {sorted(defaults)}")
+        first = unknown[0]
+        raise ConfigError(
+            f"unknown key(s) {unknown} under {key}; known: {sorted(defaults)}. A key another setting of {key} "
+            f"needs can be unset with {key}.{first}=null or deleted with ~{key}.{first}"
+        )
     return {**defaults, **given}
 
 
