@@ -1,0 +1,107 @@
+"""The ablation's start model at the rollout's sampling: can each technique act on it?
+
+Loads the warmed-up start model every row of ``bench/ablation.py`` begins from (``configs/ablation.yaml`` plus
+any ``key=value`` overrides; built and cached first if missing), samples ``rollout.n`` responses for each
+held-out validation problem at the rollout's temperature and top_p (1.0 and 1.0 by default: the training
+rollout, not validation's top_p 0.7) with the ``data.max_response_length`` budget, and reports what the techniques
+need to find there:
+
+  accuracy           the share of correct responses (``dapo.reward``), overall and by chain length
+  mixed groups       the share of groups with some right and some wrong responses (dynamic sampling keeps these)
+  length             quantiles of the response length in tokens (EOS included)
+  truncated          the share of responses cut at the budget (overlong filtering masks these)
+  in buffer          the share of responses ending in the overlong buffer (the soft punishment acts on these)
+  repeated line      the share of responses that write one line twice (a low-quality long pattern)
+
+Run: python -m bench.ablation_start [--problems N] [--json PATH] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from bench.common import parser, print_table, write_json
+
+CONFIG_NAME = "ablation"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__, repeats=False)
+    p.add_argument("--problems", type=int, default=128, help="held-out problems to sample (of embedded.task.val_size)")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides (verl's names)")
+    args = p.parse_args(argv)
+
+    import pandas as pd
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dapo.reward import compute_score
+    from recipe.cli import compose
+    from recipe.embedded.config import read_config
+    from recipe.embedded.decode import sample
+    from recipe.embedded.rollout import SamplingParams
+    from recipe.embedded.warmup import task_files, warm_model
+
+    c = read_config(compose(args.overrides, CONFIG_NAME))
+    torch.set_num_threads(c.num_threads or torch.get_num_threads())
+    torch.manual_seed(c.seed)
+    model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    rows = pd.read_parquet(task_files(c.cache_dir, c.task) / "val.parquet").head(args.problems).to_dict("records")
+    prompts = [
+        torch.tensor(tokenizer(tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True,
+                                                             tokenize=False), add_special_tokens=False)["input_ids"])
+        for r in rows
+    ]
+    start = time.perf_counter()
+    with torch.no_grad():
+        ids, mask, _ = sample(model, prompts, n=c.n, params=SamplingParams(True, c.temperature, c.top_p, c.top_k),
+                              max_new_tokens=c.max_response_length, eos_ids=torch.tensor([tokenizer.eos_token_id]),
+                              pad_id=tokenizer.pad_token_id, max_num_seqs=c.max_num_seqs)  # [B*n, T]
+    seconds = time.perf_counter() - start
+    lengths = mask.sum(-1).tolist()  # [B*n] tokens, EOS included
+    ended = [bool((row[: n] == tokenizer.eos_token_id).any()) for row, n in zip(ids, lengths)]
+    texts = tokenizer.batch_decode([row[: n] for row, n in zip(ids, lengths)], skip_special_tokens=True)
+    budget, buffer = c.max_response_length, c.dapo.overlong.buffer_len
+    correct, by_steps, repeated = [], defaultdict(list), []
+    for i, text in enumerate(texts):
+        row = rows[i // c.n]
+        ok = bool(compute_score(row["data_source"], text, row["reward_model"]["ground_truth"])["acc"])
+        correct.append(ok)
+        by_steps[row["extra_info"]["solution"].count("\n")].append(ok)
+        lines = [line for line in text.split("\n") if line.strip()]
+        repeated.append(len(set(lines)) < len(lines))
+    groups = [correct[g * c.n : (g + 1) * c.n] for g in range(len(rows))]
+    q = statistics.quantiles(lengths, n=20)
+    figures = {
+        "problems": len(rows), "n": c.n, "temperature": c.temperature, "top_p": c.top_p, "budget": budget,
+        "buffer": buffer, "accuracy": statistics.fmean(correct),
+        "mixed_groups": statistics.fmean(0 < sum(g) < len(g) for g in groups),
+        "all_wrong_groups": statistics.fmean(not any(g) for g in groups),
+        "all_right_groups": statistics.fmean(all(g) for g in groups),
+        "length_mean": statistics.fmean(lengths), "length_p5": q[0], "length_median": statistics.median(lengths),
+        "length_p95": q[-1], "length_max": max(lengths),
+        "truncated": statistics.fmean(not e for e in ended),
+        "in_buffer": statistics.fmean(e and budget - buffer < n for e, n in zip(ended, lengths)),
+        "correct_in_buffer": statistics.fmean(ok and budget - buffer < n for ok, n in zip(correct, lengths)),
+        "repeated_line": statistics.fmean(repeated),
+        "accuracy_by_steps": {k: statistics.fmean(v) for k, v in sorted(by_steps.items())},
+        "sampling_seconds": seconds,
+    }
+    print(f"start model {model_dir}: {len(rows)} held-out problems x {c.n} responses at temperature "
+          f"{c.temperature}, top_p {c.top_p}, budget {budget} (buffer {buffer}), sampled in {seconds:.0f} s")
+    print_table(["figure", "value"], [[k, v] for k, v in figures.items() if k != "accuracy_by_steps"])
+    print_table(["operations", "accuracy", "responses"],
+                [[k, statistics.fmean(v), len(v)] for k, v in sorted(by_steps.items())])
+    if args.json:
+        write_json(args.json, figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
