@@ -37,20 +37,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import pandas as pd
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from dapo.reward import compute_score
     from recipe.cli import compose
     from recipe.embedded.config import read_config
     from recipe.embedded.decode import sample
     from recipe.embedded.rollout import SamplingParams
+    from recipe.embedded.trainer import load_tokenizer
     from recipe.embedded.warmup import task_files, warm_model
 
     c = read_config(compose(args.overrides, CONFIG_NAME))
     torch.set_num_threads(c.num_threads or torch.get_num_threads())
     torch.manual_seed(c.seed)
     model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)  # as the engine loads it (AutoTokenizer would change the pre-tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = pd.read_parquet(task_files(c.cache_dir, c.task) / "val.parquet").head(args.problems).to_dict("records")
     prompts = [

@@ -87,7 +87,7 @@ def test_the_ablation_budget_binds_for_the_longest_solutions_and_the_buffer_hold
     budget, buffer = cfg.max_response_length, cfg.dapo.overlong.buffer_len
     over = sum(n > budget for n in lengths) / len(lengths)
     in_buffer = sum(budget - buffer < n <= budget for n in lengths) / len(lengths)
-    assert 0.01 < over < 0.10  # a few per cent of problems cannot be solved within the budget
+    assert 0.02 < over <= 0.12  # the longest chains (8 operations on two-digit values) do not fit the budget
     assert 0.10 < in_buffer < 0.40  # the long correct solutions are softly punished
     prompts = [len(tokenizer(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
                              add_special_tokens=False)["input_ids"]) for r in spec.rows("train")]
