@@ -1,7 +1,7 @@
 """The ablation's start model at the rollout's sampling: can each technique act on it?
 
-Loads the warmed-up start model every row of ``bench/ablation.py`` begins from (``configs/ablation.yaml`` plus
-any ``key=value`` overrides; built and cached first if missing), samples ``rollout.n`` responses for each
+Loads the warmed-up start model every row of ``bench/ablation.py`` begins from (``configs/ablation.yaml``, or
+``--config-name``, plus any ``key=value`` overrides; built and cached first if missing), samples ``rollout.n`` responses for each
 held-out validation problem at the rollout's temperature and top_p (1.0 and 1.0 by default: the training
 rollout, not validation's top_p 0.7) with the ``data.max_response_length`` budget, and reports what the techniques
 need to find there:
@@ -13,7 +13,7 @@ need to find there:
   in buffer          the share of responses ending in the overlong buffer (the soft punishment acts on these)
   repeated line      the share of responses that write one line twice (a low-quality long pattern)
 
-Run: python -m bench.ablation_start [--problems N] [--json PATH] [key=value ...]
+Run: python -m bench.ablation_start [--config-name NAME] [--problems N] [--json PATH] [key=value ...]
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import torch
 
 from bench.common import parser, print_table, write_json
 
-CONFIG_NAME = "ablation"
+CONFIG_NAME = "ablation"  # --config-name ablation_chain: the chain task's setting
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=False)
     p.add_argument("--problems", type=int, default=128, help="held-out problems to sample (of embedded.task.val_size)")
+    p.add_argument("--config-name", default=CONFIG_NAME, help="the config under configs/ (default: ablation)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (verl's names)")
     args = p.parse_args(argv)
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from recipe.embedded.trainer import load_tokenizer
     from recipe.embedded.warmup import task_files, warm_model
 
-    c = read_config(compose(args.overrides, CONFIG_NAME))
+    c = read_config(compose(args.overrides, args.config_name))
     torch.set_num_threads(c.num_threads or torch.get_num_threads())
     torch.manual_seed(c.seed)
     model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))

@@ -78,8 +78,8 @@ def test_problems_are_distinct_held_out_reproducible_and_span_an_order_of_magnit
     assert max(lengths) / min(lengths) >= 10
 
 
-def test_the_ablation_budget_binds_for_the_longest_solutions_and_the_buffer_holds_the_long_ones():
-    cfg = read_config(compose([], "ablation"))
+def test_the_chain_setting_budget_binds_for_the_longest_solutions_and_the_buffer_holds_the_long_ones():
+    cfg = read_config(compose([], "ablation_chain"))
     assert cfg.task["name"] == "chain" and cfg.task["digits"] is None
     spec = ChainTask(**{k: v for k, v in cfg.task.items() if k not in ("name", "digits")})
     tokenizer = build_tokenizer(spec)
