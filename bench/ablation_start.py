@@ -1,10 +1,10 @@
 """The ablation's start model at the rollout's sampling: can each technique act on it?
 
 Loads the warmed-up start model every row of ``bench/ablation.py`` begins from (``configs/ablation.yaml``, or
-``--config-name``, plus any ``key=value`` overrides; built and cached first if missing), samples ``rollout.n`` responses for each
-held-out validation problem at the rollout's temperature and top_p (1.0 and 1.0 by default: the training
-rollout, not validation's top_p 0.7) with the ``data.max_response_length`` budget, and reports what the techniques
-need to find there:
+``--config-name``, plus any ``key=value`` overrides; built and cached first if missing), samples ``rollout.n``
+responses for each held-out validation problem at the rollout's temperature and top_p (1.0 and 1.0 by default:
+the training rollout, not validation's top_p 0.7) with the ``data.max_response_length`` budget, and reports what
+the techniques need to find there:
 
   accuracy           the share of correct responses (``dapo.reward``), overall and by chain length
   mixed groups       the share of groups with some right and some wrong responses (dynamic sampling keeps these)

@@ -56,7 +56,8 @@ def test_every_line_of_every_solution_is_true_and_the_scorer_accepts_the_answer(
         assert answer == f"Answer: {truth}" and int(truth) == value
         assert compute_score("synthetic_addition", text, truth) == {"score": 1.0, "acc": True, "pred": truth}
         # a wrong final answer scores nothing, whatever the lines above it
-        assert compute_score("synthetic_addition", text.replace(f"Answer: {truth}", "Answer: 100"), truth)["acc"] is False
+        wrong = text.replace(f"Answer: {truth}", "Answer: 100")
+        assert compute_score("synthetic_addition", wrong, truth)["acc"] is False
     assert steps_seen == set(range(1, 21))  # every chain length occurs
 
 
@@ -101,7 +102,8 @@ def test_the_chain_setting_budget_binds_for_the_longest_solutions_and_the_buffer
     ({"val_size": 0}, "embedded.task.val_size and embedded.task.train_size must be >= 1, got 0 and 4000"),
     ({"min_steps": 1, "max_steps": 1, "val_size": 100, "train_size": 400},
      r"500 is more than half of the 900 chains of 1 to 1 operations; raise embedded.task.max_steps"),
-    ({"digits": 3}, r"unknown key\(s\) \['digits'\] under embedded.task; known: .*unset with embedded.task.digits=null"),
+    ({"digits": 3},
+     r"unknown key\(s\) \['digits'\] under embedded.task; known: .*unset with embedded.task.digits=null"),
 ])
 def test_bad_chain_settings_name_the_key(tmp_path, settings, message):
     with pytest.raises(ConfigError, match=message):

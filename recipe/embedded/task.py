@@ -136,7 +136,8 @@ class StepsAdditionTask:
     def rows(self, split: str) -> list[dict]:
         pairs = self.problems()
         chosen = pairs[: self.val_size] if split == "val" else pairs[self.val_size :]
-        return [_addition_row(index, split, a, b, solution=worked_solution(a, b)) for index, (a, b) in enumerate(chosen)]
+        return [_addition_row(index, split, a, b, solution=worked_solution(a, b))
+                for index, (a, b) in enumerate(chosen)]
 
     write_parquet = AdditionTask.write_parquet
 
@@ -176,7 +177,7 @@ class ChainTask:
     seed: int = 0
 
     def problems(self) -> list[tuple[int, tuple[int, ...]]]:
-        """``val_size + train_size`` distinct ``(start, signed operands)`` in a seeded random order (validation first)."""
+        """``val_size + train_size`` distinct ``(start, signed operands)``, seeded random order (validation first)."""
         if not 1 <= self.min_steps <= self.max_steps:
             raise ValueError(
                 f"embedded.task.min_steps and max_steps must satisfy 1 <= min_steps <= max_steps, got "
