@@ -172,20 +172,20 @@ def run_overrides(row: dict, seed: int, run_dir: Path, extra: list[str]) -> list
 # ---------------------------------------------------------------------------------------------------- running
 
 
-def _compose(overrides: list[str]):
+def _compose(overrides: list[str], config_name: str = CONFIG_NAME):
     from recipe.cli import compose
 
-    return compose(overrides, CONFIG_NAME)
+    return compose(overrides, config_name)
 
 
-def prepare_start_model(extra: list[str]) -> None:
+def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> None:
     """Build the task files and the warmed-up start model once, before the parallel runs (they all reuse it)."""
     import torch
 
     from recipe.embedded.config import read_config
     from recipe.embedded.warmup import task_files, warm_model
 
-    c = read_config(_compose(extra))
+    c = read_config(_compose(extra, config_name))
     if c.model_path is None:
         torch.set_num_threads(c.num_threads or torch.get_num_threads())
         cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
@@ -198,14 +198,15 @@ def _finished(run_dir: Path) -> bool:
     return (run_dir / "ablation_done.json").is_file()
 
 
-def run_one(name: str, overrides: list[str], run_dir: Path) -> tuple[str, Path, int, float]:
+def run_one(name: str, overrides: list[str], run_dir: Path,
+            config_name: str = CONFIG_NAME) -> tuple[str, Path, int, float]:
     """One ``dapo-train`` run in its own process, its output in ``run_dir/log.txt``; (name, dir, rc, seconds)."""
     start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
     with open(run_dir / "log.txt", "a") as log:
         rc = subprocess.run(
-            [sys.executable, "-m", "recipe.cli", "--config-name", CONFIG_NAME, *overrides],
+            [sys.executable, "-m", "recipe.cli", "--config-name", config_name, *overrides],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         ).returncode
     seconds = time.perf_counter() - start
@@ -214,14 +215,15 @@ def run_one(name: str, overrides: list[str], run_dir: Path) -> tuple[str, Path, 
     return name, run_dir, rc, seconds
 
 
-def run_all(plan: list[tuple[str, int, list[str], Path]], jobs: int) -> list[str]:
+def run_all(plan: list[tuple[str, int, list[str], Path]], jobs: int,
+            config_name: str = CONFIG_NAME) -> list[str]:
     """Run every unfinished (row, seed) of ``plan``, ``jobs`` at a time; return the failures' descriptions."""
     todo = [p for p in plan if not _finished(p[3])]
     if len(todo) < len(plan):
         print(f"reusing {len(plan) - len(todo)} finished run(s) under {plan[0][3].parents[1]}")
     failures, start = [], time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_one, f"{name} / seed {seed}", overrides, run_dir)
+        futures = [pool.submit(run_one, f"{name} / seed {seed}", overrides, run_dir, config_name)
                    for name, seed, overrides, run_dir in todo]
         for done, future in enumerate(as_completed(futures), 1):
             name, run_dir, rc, seconds = future.result()
@@ -588,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="target validation accuracy (default: start + 0.8 x the best row's gain)")
     p.add_argument("--fresh", action="store_true", help="delete earlier runs under --out instead of reusing them")
     p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
+    p.add_argument("--config-name", default=CONFIG_NAME,
+                   help="the shared setting under configs/ (default: ablation; ablation_long: the longer task)")
     args = p.parse_args(argv)
 
     preset = PRESETS["quick" if args.quick else "cuda" if args.device == "cuda" else "default"]
@@ -599,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = [*preset["overrides"], *device, *args.overrides]
     out = args.out.resolve()
     try:
-        cfg = _compose(extra)  # fails early on a misspelt key, before anything runs
+        cfg = _compose(extra, args.config_name)  # fails early on a misspelt key, before anything runs
     except Exception as err:  # noqa: BLE001 - Hydra's and OmegaConf's errors name the key
         print(f"bench.ablation: error: {str(err).strip()}", file=sys.stderr)
         return 2
@@ -616,14 +620,14 @@ def main(argv: list[str] | None = None) -> int:
             plan.append((name, seed, run_overrides(row, seed, run_dir, extra), run_dir))
     if args.print_commands:
         for name, seed, overrides, _ in plan:
-            print(f"# {name}, seed {seed}\ndapo-train --config-name {CONFIG_NAME} {' '.join(overrides)}")
+            print(f"# {name}, seed {seed}\ndapo-train --config-name {args.config_name} {' '.join(overrides)}")
         return 0
     if args.fresh and out.exists():
         shutil.rmtree(out)
 
     print(f"ablation: {len(rows())} rows x {seeds} seeds x {steps} steps, {jobs} at a time, under {out}")
-    prepare_start_model(extra)
-    failures = run_all(plan, jobs)
+    prepare_start_model(extra, args.config_name)
+    failures = run_all(plan, jobs, args.config_name)
     if failures:
         print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
@@ -639,7 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "\n".join(verdict_lines(verdict_list)))
     plots = write_plots(results, out / "plots", train_batch_size, n)
     command = "python -m bench.ablation " + " ".join(
-        [*(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device else []),
+        [*([f"--config-name {args.config_name}"] if args.config_name != CONFIG_NAME else []),
+         *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device else []),
          *([f"--seeds {seeds}"] if args.seeds else []), *args.overrides])
     report = write_report(out, figures, headers, body, command.strip(), plots, verdict_list)
     print(f"report: {report}")
