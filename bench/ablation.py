@@ -49,8 +49,10 @@ for dynamic sampling, a seed that never reaches it counting as one step past the
 interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "opposite" when wholly on the other,
 "too few seeds" below 3 paired seeds (``--quick``'s 2 give intervals, no verdicts).
 
-Run: python -m bench.ablation [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH] [--out DIR]
-                              [key=value ...]
+Run: python -m bench.ablation [--config-name NAME] [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH]
+                              [--out DIR] [key=value ...]
+``--config-name ablation_long`` runs the same rows on configs/ablation_long.yaml (6-digit operands, responses of 8
+to 60 tokens; README.md, "A longer-reasoning setting"); the presets apply to it unchanged (``--quick``: 8 steps).
 Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 40 steps (configs/ablation.yaml), as
 many runs at a time as CPUs, one torch thread each (3 seeds took 21 minutes on 2 cores, so 5 take about 35, plus
 a one-time warm-up of the start model of 2 to 5 minutes when it is not cached); ``--quick`` 2 seeds, 8 steps,

@@ -303,3 +303,36 @@ def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dapo-train"))
     c = read_config(compose(line.split()[3:], ablation.CONFIG_NAME))
     assert c.device == "cuda" and c.tiny_model["hidden_size"] == 128 and c.total_training_steps == 3
+
+
+def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_the_longest():
+    from recipe.embedded.task import StepsAdditionTask, build_tokenizer, solution_text
+
+    cfg = read_config(compose([], "ablation_long"))
+    assert cfg.task["name"] == "addition_steps" and cfg.task["digits"] == 6
+    spec = StepsAdditionTask(**{k: v for k, v in cfg.task.items() if k != "name"})
+    tokenizer = build_tokenizer(spec)
+    # one token per digit, "+", "="; "7+5=12\n" is at most 7 tokens, a carry adds 2 ("+1")
+    lengths = [len(tokenizer(solution_text(r), add_special_tokens=False)["input_ids"]) + 1 for r in spec.rows("train")]
+    # shortest: "2+3=5\nAnswer: 5" + EOS = 8 tokens; longest: 6 columns with carries + a 7-digit answer, 60 here
+    assert min(lengths) == 8 and 55 <= max(lengths) <= 62
+    assert max(lengths) / min(lengths) >= 7
+    budget, buffer = cfg.max_response_length, cfg.dapo.overlong.buffer_len
+    over = sum(n > budget for n in lengths) / len(lengths)
+    in_buffer = sum(budget - buffer < n <= budget for n in lengths) / len(lengths)
+    assert 0.002 < over < 0.03  # the budget binds for the longest solutions only (6 columns, most of them carried)
+    assert 0.15 < in_buffer < 0.40  # the long correct solutions (6 columns) are softly punished
+    prompts = [len(tokenizer(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+                             add_special_tokens=False)["input_ids"]) for r in spec.rows("train")]
+    assert max(prompts) <= cfg.max_prompt_length
+    assert max(prompts) + budget <= cfg.tiny_model["max_position_embeddings"]
+
+
+def test_config_name_picks_the_shared_setting_of_every_run(capsys, tmp_path):
+    assert ablation.main(["--print-commands", "--config-name", "ablation_long", "--quick", "--seeds", "1",
+                          "--out", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
+    assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation_long ") for line in lines)
+    c = read_config(compose(lines[0].split()[3:], "ablation_long"))
+    assert c.task["digits"] == 6 and c.total_training_steps == 8
+    assert ablation.main(["--print-commands", "--config-name", "no_such_setting", "--out", str(tmp_path)]) == 2
