@@ -27,7 +27,7 @@ import torch
 
 from bench.common import parser, print_table, write_json
 
-CONFIG_NAME = "ablation"  # --config-name ablation_chain: the chain task's setting
+CONFIG_NAME = "ablation"  # --config-name ablation_long: 6-digit operands; ablation_chain: the chain task
 
 
 def main(argv: list[str] | None = None) -> int:
