@@ -268,6 +268,11 @@ def _series(records: list[dict], key: str) -> list[tuple[int, float]]:
     return [(r["step"], r[key]) for r in records if r.get("step", 0) > 0 and r.get(key) is not None]
 
 
+def _train_records(records: list[dict]) -> list[dict]:
+    """A run's training-step records (validation-only records carry no ``actor/entropy``), in step order."""
+    return sorted((r for r in records if r.get("step", 0) > 0 and "actor/entropy" in r), key=lambda r: r["step"])
+
+
 def _generated(record: dict, train_batch_size: int, n: int) -> float:
     """Responses generated in a training step (rounds x prompts x n)."""
     return record.get("dapo/generated_prompts", train_batch_size) * n
@@ -324,7 +329,7 @@ def summarise(results: dict[str, list[list[dict]]], target: float | None, train_
                                     "final_entropy", "final_response_length", "final_repeat", "truncated_frac",
                                     "acc_drawdown", "generated_responses")}
         for records in seeds:
-            train = [r for r in records if r.get("step", 0) > 0 and "actor/entropy" in r]
+            train = _train_records(records)
             last_step = max((r["step"] for r in train), default=0)
             hit = next((s for s, v in _val_curve(records) if v >= target), None)
             per_seed["steps_to_target"].append(math.inf if hit is None else hit)
@@ -489,7 +494,7 @@ def markdown_table(headers: list[str], body: list[list[object]]) -> str:
 def _responses_curve(records: list[dict], train_batch_size: int, n: int) -> list[tuple[float, float]]:
     """Validation accuracy against the responses generated up to its step."""
     generated, total = {0: 0.0}, 0.0
-    for r in sorted((r for r in records if r.get("step", 0) > 0 and "actor/entropy" in r), key=lambda r: r["step"]):
+    for r in _train_records(records):
         total += _generated(r, train_batch_size, n)
         generated[r["step"]] = total
     return [(generated[s], v) for s, v in _val_curve(records) if s in generated]
