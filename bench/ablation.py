@@ -10,12 +10,14 @@ Six rows, in the paper's order, each the one before it with one technique switch
   + token-level loss           actor_rollout_ref.actor.loss_agg_mode=token-mean
   + dynamic sampling (DAPO)    algorithm.filter_groups.enable=true
 
-Every run composes ``configs/ablation.yaml`` (the shared setting: the ``addition_steps`` task, whose worked
-solutions are 8 to 30 tokens long against a 28-token budget with a 6-token overlong buffer, so truncation and the
-punishment both happen; the held-out validation set; the step budget) plus its row's overrides, and is an ordinary
-``dapo-train`` run in its own process: ``--print-commands`` shows each one, to rerun a single row by hand. Every
-row of a seed starts from the same warmed-up model (built once, cached); the seed changes the RL sampling and the
-prompt order (``embedded.seed``).
+Every run composes ``configs/ablation_long.yaml`` (the shared setting, ``--config-name`` picks another: the
+``addition_steps`` task with operands of 1 to 6 digits, whose worked solutions are 8 to 60 tokens long against a
+56-token budget with a 12-token overlong buffer, so long correct solutions are softly punished and the longest are
+cut; a start model that solves a minority (29.5% at temperature 1); the held-out validation set; 30 steps) plus its
+row's overrides, and is an ordinary ``dapo-train`` run in its own process: ``--print-commands`` shows each one, to
+rerun a single row by hand. ``--config-name ablation`` is the shorter setting it composes (operands of 1 to 3
+digits, 8 to 30 tokens, 40 steps). Every row of a seed starts from the same warmed-up model (built once, cached);
+the seed changes the RL sampling and the prompt order (``embedded.seed``).
 
 What it writes under ``--out`` (default ``bench/results/ablation``): one run directory per row and seed (the
 engine's ``metrics.jsonl``, plots, last checkpoint, ``log.txt``), ``report.md`` (the table, a verdict per
@@ -51,12 +53,11 @@ interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "
 
 Run: python -m bench.ablation [--config-name NAME] [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH]
                               [--out DIR] [key=value ...]
-``--config-name ablation_long`` runs the same rows on configs/ablation_long.yaml (6-digit operands, responses of 8
-to 60 tokens; README.md, "A longer-reasoning setting"); the presets apply to it unchanged (``--quick``: 8 steps).
-Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 40 steps (configs/ablation.yaml), as
-many runs at a time as CPUs, one torch thread each (3 seeds took 21 minutes on 2 cores, so 5 take about 35, plus
-a one-time warm-up of the start model of 2 to 5 minutes when it is not cached); ``--quick`` 2 seeds, 8 steps,
-validation on 64 problems every 4 steps; ``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset.
+Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 30 steps, as many runs at a time as
+CPUs, one torch thread each (README.md, "The ablation": under an hour on 2 cores, plus a one-time 7-minute warm-up
+of the start model when it is not cached); ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4 steps;
+``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset. The presets apply
+to any ``--config-name`` unchanged.
 ``key=value`` overrides (verl's names) apply to every run, after the preset's and the row's own.
 """
 
@@ -75,7 +76,7 @@ from pathlib import Path
 
 from bench.common import parser, print_table, write_json
 
-CONFIG_NAME = "ablation"
+CONFIG_NAME = "ablation_long"  # --config-name ablation: the shorter 3-digit setting it composes
 ACTOR = "actor_rollout_ref.actor"
 # The paper's Table 1 (AIME 2024 avg@32, Qwen2.5-32B), for the comparison column.
 PAPER_AIME = (30, 36, 38, 41, 42, 50)
@@ -160,7 +161,7 @@ def _value(v) -> str:
 
 
 def run_overrides(row: dict, seed: int, run_dir: Path, extra: list[str]) -> list[str]:
-    """The ``dapo-train --config-name ablation`` overrides of one (row, seed) run."""
+    """The ``dapo-train`` overrides of one (row, seed) run."""
     return [
         *(f"{k}={_value(v)}" for k, v in row.items()),
         f"embedded.seed={seed}",
@@ -598,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="delete earlier runs under --out instead of reusing them")
     p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
     p.add_argument("--config-name", default=CONFIG_NAME,
-                   help="the shared setting under configs/ (default: ablation; ablation_long: the longer task)")
+                   help="the shared setting under configs/ (default: ablation_long; ablation: the 3-digit task)")
     args = p.parse_args(argv)
 
     preset = PRESETS["quick" if args.quick else "cuda" if args.device == "cuda" else "default"]

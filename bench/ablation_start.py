@@ -1,6 +1,6 @@
 """The ablation's start model at the rollout's sampling: can each technique act on it?
 
-Loads the warmed-up start model every row of ``bench/ablation.py`` begins from (``configs/ablation.yaml``, or
+Loads the warmed-up start model every row of ``bench/ablation.py`` begins from (``configs/ablation_long.yaml``, or
 ``--config-name``, plus any ``key=value`` overrides; built and cached first if missing), samples ``rollout.n``
 responses for each held-out validation problem at the rollout's temperature and top_p (1.0 and 1.0 by default:
 the training rollout, not validation's top_p 0.7) with the ``data.max_response_length`` budget, and reports what
@@ -27,13 +27,13 @@ import torch
 
 from bench.common import parser, print_table, write_json
 
-CONFIG_NAME = "ablation"  # --config-name ablation_long: 6-digit operands; ablation_chain: the chain task
+CONFIG_NAME = "ablation_long"  # bench.ablation's default; ablation: 3-digit operands; ablation_chain: the chain task
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=False)
     p.add_argument("--problems", type=int, default=128, help="held-out problems to sample (of embedded.task.val_size)")
-    p.add_argument("--config-name", default=CONFIG_NAME, help="the config under configs/ (default: ablation)")
+    p.add_argument("--config-name", default=CONFIG_NAME, help="the config under configs/ (default: ablation_long)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (verl's names)")
     args = p.parse_args(argv)
 

@@ -53,7 +53,7 @@ def test_each_row_composes_and_differs_from_the_one_before_in_exactly_its_techni
         assert set(before) == set(after)
         changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
         assert changed == expected
-    # the last row is configs/ablation.yaml as it stands: full DAPO with the paper's settings
+    # the last row is the shared setting (configs/ablation_long.yaml) as it stands: full DAPO with the paper's settings
     assert configs[-1] == _flat(compose([], ablation.CONFIG_NAME))
     naive = configs[0]
     assert naive[f"{ACTOR}.clip_ratio_low"] == naive[f"{ACTOR}.clip_ratio_high"] == 0.2
@@ -67,8 +67,8 @@ def test_every_row_is_a_valid_engine_config_with_its_techniques():
         d = c.dapo
         seen.append((d.overlong.filter, d.loss.clip_ratio_high, d.overlong.buffer_enable, d.loss.loss_agg_mode,
                      d.filter.enable))
-        assert c.task["name"] == "addition_steps" and c.max_response_length == 28
-        assert (d.overlong.max_resp_len, d.overlong.buffer_len) == (28, 6)
+        assert c.task["name"] == "addition_steps" and c.task["digits"] == 6 and c.max_response_length == 56
+        assert (d.overlong.max_resp_len, d.overlong.buffer_len) == (56, 12)
     assert seen == [
         (False, 0.2, False, "seq-mean-token-mean", False),
         (True, 0.2, False, "seq-mean-token-mean", False),
@@ -329,10 +329,14 @@ def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_t
 
 
 def test_config_name_picks_the_shared_setting_of_every_run(capsys, tmp_path):
-    assert ablation.main(["--print-commands", "--config-name", "ablation_long", "--quick", "--seeds", "1",
-                          "--out", str(tmp_path)]) == 0
+    assert ablation.main(["--print-commands", "--quick", "--seeds", "1", "--out", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
     assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation_long ") for line in lines)
     c = read_config(compose(lines[0].split()[3:], "ablation_long"))
-    assert c.task["digits"] == 6 and c.total_training_steps == 8
+    assert c.task["digits"] == 6 and c.total_training_steps == 8  # the default setting, --quick's 8 steps
+    assert ablation.main(["--print-commands", "--config-name", "ablation", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
+    assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation ") for line in lines)
+    c = read_config(compose(lines[0].split()[3:], "ablation"))
+    assert c.task["digits"] == 3 and c.total_training_steps == 40 and c.max_response_length == 28
     assert ablation.main(["--print-commands", "--config-name", "no_such_setting", "--out", str(tmp_path)]) == 2
