@@ -17,7 +17,7 @@ cut; a start model that solves a minority (29.5% at temperature 1); the held-out
 row's overrides, and is an ordinary ``dapo-train`` run in its own process: ``--print-commands`` shows each one, to
 rerun a single row by hand. ``--config-name ablation`` is the shorter setting it composes (operands of 1 to 3
 digits, 8 to 30 tokens, 40 steps). Every row of a seed starts from the same warmed-up model (built once, cached);
-the seed changes the RL sampling and the prompt order (``embedded.seed``).
+the seed changes the RL sampling (``embedded.seed``) and the prompt order (``data.seed``).
 
 What it writes under ``--out`` (default ``bench/results/ablation``): one run directory per row and seed (the
 engine's ``metrics.jsonl``, plots, last checkpoint, ``log.txt``), ``report.md`` (the table, a verdict per
@@ -164,7 +164,8 @@ def run_overrides(row: dict, seed: int, run_dir: Path, extra: list[str]) -> list
     """The ``dapo-train`` overrides of one (row, seed) run."""
     return [
         *(f"{k}={_value(v)}" for k, v in row.items()),
-        f"embedded.seed={seed}",
+        f"embedded.seed={seed}",  # the RL sampling
+        f"data.seed={seed}",  # the prompt order (configs/embedded.yaml fixes it at 0 for every run otherwise)
         f"trainer.default_local_dir={run_dir}",
         f"trainer.experiment_name={run_dir.parent.name}-{run_dir.name}",
         "embedded.progress_bar=false",

@@ -286,6 +286,9 @@ def test_print_commands_gives_a_dapo_train_line_per_run(capsys, tmp_path):
     assert len(lines) == 12
     assert "dapo.overlong_filter=false" in lines[0] and "embedded.seed=1" in lines[1]
     assert "algorithm.filter_groups.enable=true" in lines[-1]
+    # a seed changes both the RL sampling and the prompt order the engine reads (data.seed wins over embedded.seed)
+    seeds = [read_config(compose(line.split()[3:], ablation.CONFIG_NAME)) for line in lines[:2]]
+    assert [(c.seed, c.data_seed) for c in seeds] == [(0, 0), (1, 1)]
 
 
 def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
