@@ -32,7 +32,7 @@ METRIC_DOCS: dict[str, str] = {
     "dapo/loss_tokens": "verl engine: response tokens the loss counts after overlong filtering (truncated responses contribute none)",
     "dapo/weight_sync/logprob_diff_max": "verl engine: max |actor log-prob - rollout log-prob| of the sampled tokens; ~1e-5 in fp32, ~1e-2 bf16 vs fp32; large means stale rollout weights",
     "dapo/weight_sync/logprob_diff_mean": "verl engine: mean of the same gap over the step's response tokens",
-    "response/repeat_ngram_frac": "embedded engine: fraction of trained responses in which some n-gram of token ids "
+    "response/repeat_ngram_frac": "fraction of trained responses in which some n-gram of token ids "
     "(n = dapo.metrics.REPEAT_NGRAM) occurs twice or more; low, rising means repetition loops (the paper's Fig. 4)",
     "dapo/overlong_penalty/mean": "mean soft overlong punishment added to the score (0 until responses enter the buffer)",
     "critic/score/mean": "mean task score (+1 correct / -1 wrong, before length shaping) of the trained responses; should rise. "

@@ -141,7 +141,7 @@ def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
     run_dir, steps = healthy_run
     train_steps = [steps[s] for s in (1, 2, 3)]
     required = ["actor/entropy", "response_length/mean", "dapo/kept_group_frac", "train/num_gen_batches",
-                "dapo/overlong_frac", "actor/dapo/clipfrac_high", "critic/score/mean"]
+                "dapo/overlong_frac", "actor/dapo/clipfrac_high", "critic/score/mean", "response/repeat_ngram_frac"]
     for record in train_steps:
         missing = [name for name in required if name not in record]
         assert not missing, missing
@@ -150,6 +150,8 @@ def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
         assert record["train/num_gen_batches"] >= 1
         assert -2.0 <= record["critic/score/mean"] <= 1.0  # verl: score + overlong penalty (factor 1)
         assert 0.0 <= record["actor/dapo/clipfrac_high"] <= 1.0
+        # a share of the step's 16 trained responses (padding rows excluded)
+        assert record["response/repeat_ngram_frac"] * 16 == pytest.approx(round(record["response/repeat_ngram_frac"] * 16))
     # some step kept some groups and dropped others (dynamic sampling did something)
     assert any(0.0 < r["dapo/kept_group_frac"] < 1.0 for r in train_steps)
     # validation before training (step 0) and at test_freq=2, accuracy of the warmed-up model in (0, 1)
@@ -201,6 +203,8 @@ def test_truncated_responses_are_counted_and_left_out_of_the_loss(own_tmp):
         responses = 16
         expected_loss_tokens = responses * (record["response_length/mean"] - record["dapo/overlong_frac"] * 4)
         assert record["dapo/loss_tokens"] == pytest.approx(expected_loss_tokens), record
+        # a 4-gram occurring twice needs 5 tokens: none of these responses can repeat (padding must not count)
+        assert record["response/repeat_ngram_frac"] == 0.0, record
 
 
 # ---------------------------------------------------------------------------------------------------------------

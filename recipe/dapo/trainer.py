@@ -18,7 +18,8 @@ plus the model's generation config's (:func:`dapo.settings.eos_token_ids`, the e
 Metric: ``dapo/overlong_frac``, the fraction of the step's trained responses that were truncated (masked out when
 ``dapo.overlong_filter=true``).
 
-Also: ``dapo/weight_sync/*`` after verl's old-log-prob pass (``recipe/dapo/weight_sync.py``), and the sampler's
+Also: ``response/repeat_ngram_frac`` (:func:`dapo.metrics.repeat_ngram_frac`, the embedded engine's metric) over
+the same responses, read before the filter rewrites their masks; ``dapo/weight_sync/*`` after verl's old-log-prob pass (``recipe/dapo/weight_sync.py``), and the sampler's
 state saved in and restored from verl's checkpoints (``recipe/dapo/sampler_state.py``).
 
 Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.sampler.custom_sampler``).
@@ -40,6 +41,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
 from dapo.loss import overlong_filter_mask, truncated_responses
+from dapo.metrics import repeat_ngram_frac
 from dapo.settings import OverlongSettings, eos_token_ids
 from recipe.dapo.sampler_state import load_sampler_state, save_sampler_state
 from recipe.dapo.weight_sync import weight_sync_metrics
@@ -92,6 +94,19 @@ def apply_overlong_filter(
     return {"dapo/overlong_frac": num_truncated / num_real if num_real else 0.0, "dapo/loss_tokens": loss_tokens}
 
 
+def repeat_metrics(batch: KVBatchMeta) -> dict[str, float]:
+    """``response/repeat_ngram_frac`` of the batch's real (non-padding) responses, read from the TransferQueue: the
+    share of trained responses repeating an n-gram of token ids (the same function and the same responses as the
+    embedded engine's metric). Read before :func:`apply_overlong_filter`, which zeroes the truncated ones' masks."""
+    keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+    if not keys:
+        return {"response/repeat_ngram_frac": 0.0}
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["responses", "response_mask"])
+    ids = data["responses"].to_padded_tensor(padding=0)  # [N, T]
+    mask = data["response_mask"].to_padded_tensor(padding=0)  # [N, T], 1 on the response's tokens
+    return {"response/repeat_ngram_frac": repeat_ngram_frac(ids, mask)}
+
+
 @register_trainer(TRAINER_MODE)
 class DAPOTrainer(PPOTrainerSync):
     """``PPOTrainerSync`` whose actor update skips truncated responses (``dapo.overlong_filter``)."""
@@ -118,6 +133,7 @@ class DAPOTrainer(PPOTrainerSync):
         self.eos_token_ids = response_eos_ids(model_config)
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        metrics.update(repeat_metrics(batch))  # before the filter rewrites the truncated responses' masks
         # ---- DAPO: overlong filtering, truncated responses carry no loss and no token count ----
         metrics.update(
             apply_overlong_filter(
