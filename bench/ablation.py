@@ -13,7 +13,7 @@ Six rows, in the paper's order, each the one before it with one technique switch
 Every run composes ``configs/ablation_long.yaml`` (the shared setting, ``--config-name`` picks another: the
 ``addition_steps`` task with operands of 1 to 6 digits, whose worked solutions are 8 to 60 tokens long against a
 56-token budget with a 12-token overlong buffer, so long correct solutions are softly punished and the longest are
-cut; a start model that solves a minority (29.5% at temperature 1); the held-out validation set; 30 steps) plus its
+cut; a start model that solves a minority (29.5% at temperature 1); the held-out validation set; 60 steps) plus its
 row's overrides, and is an ordinary ``dapo-train`` run in its own process: ``--print-commands`` shows each one, to
 rerun a single row by hand. ``--config-name ablation`` is the shorter setting it composes (operands of 1 to 3
 digits, 8 to 30 tokens, 40 steps). Every row of a seed starts from the same warmed-up model (built once, cached);
@@ -53,8 +53,8 @@ interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "
 
 Run: python -m bench.ablation [--config-name NAME] [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH]
                               [--out DIR] [key=value ...]
-Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 30 steps, as many runs at a time as
-CPUs, one torch thread each (README.md, "The ablation": under an hour on 2 cores, plus a one-time 7-minute warm-up
+Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 60 steps, as many runs at a time as
+CPUs, one torch thread each (README.md, "The ablation": 49 minutes on 2 cores, plus a one-time 7-minute warm-up
 of the start model when it is not cached); ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4 steps;
 ``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset. The presets apply
 to any ``--config-name`` unchanged.

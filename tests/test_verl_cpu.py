@@ -151,7 +151,8 @@ def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
         assert -2.0 <= record["critic/score/mean"] <= 1.0  # verl: score + overlong penalty (factor 1)
         assert 0.0 <= record["actor/dapo/clipfrac_high"] <= 1.0
         # a share of the step's 16 trained responses (padding rows excluded)
-        assert record["response/repeat_ngram_frac"] * 16 == pytest.approx(round(record["response/repeat_ngram_frac"] * 16))
+        repeated = record["response/repeat_ngram_frac"] * 16
+        assert repeated == pytest.approx(round(repeated)), record
     # some step kept some groups and dropped others (dynamic sampling did something)
     assert any(0.0 < r["dapo/kept_group_frac"] < 1.0 for r in train_steps)
     # validation before training (step 0) and at test_freq=2, accuracy of the warmed-up model in (0, 1)

@@ -19,8 +19,9 @@ Metric: ``dapo/overlong_frac``, the fraction of the step's trained responses tha
 ``dapo.overlong_filter=true``).
 
 Also: ``response/repeat_ngram_frac`` (:func:`dapo.metrics.repeat_ngram_frac`, the embedded engine's metric) over
-the same responses, read before the filter rewrites their masks; ``dapo/weight_sync/*`` after verl's old-log-prob pass (``recipe/dapo/weight_sync.py``), and the sampler's
-state saved in and restored from verl's checkpoints (``recipe/dapo/sampler_state.py``).
+the same responses, read before the filter rewrites their masks; ``dapo/weight_sync/*`` after verl's old-log-prob
+pass (``recipe/dapo/weight_sync.py``); and the sampler's state saved in and restored from verl's checkpoints
+(``recipe/dapo/sampler_state.py``).
 
 Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.sampler.custom_sampler``).
 """
