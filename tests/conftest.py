@@ -5,6 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+
+# Machine epsilons, for tolerances derived from the arithmetic (docs/testing.md, "Tolerances"): a float sum of n
+# terms computed in another order differs by at most n * eps * sum(|terms|) (Higham, Accuracy and Stability of
+# Numerical Algorithms, eq. 3.5); a tolerance in this suite is such a bound, or 0 where the claim is bit-exact.
+EPS64 = torch.finfo(torch.float64).eps  # 2.2e-16
+EPS32 = torch.finfo(torch.float32).eps  # 1.2e-7
+
+
+def reorder_bound(terms: int, depth: int, eps: float, magnitude: float) -> float:
+    """The most two summation orders can change a value computed through ``depth`` layers of sums of at most
+    ``terms`` terms each, in a float format of machine epsilon ``eps``, when the terms' magnitudes sum to at most
+    ``magnitude``: ``terms * depth * eps * magnitude`` (the worst case; typical errors are smaller by about
+    sqrt(terms), so a bug that changes a value by more than rounding still exceeds it by orders of magnitude)."""
+    return terms * depth * eps * magnitude
 
 TESTS_DIR = Path(__file__).resolve().parent
 AIME_PARQUET = TESTS_DIR.parents[1] / "shared" / "data" / "aime-2024.parquet"
@@ -71,3 +86,23 @@ def aime_parquet() -> Path:
     if not AIME_PARQUET.is_file():
         pytest.skip(f"{AIME_PARQUET} not present (the shared data folder sits beside the repository)")
     return AIME_PARQUET
+
+
+def _rms_norm_in_input_dtype(self, hidden_states):
+    """transformers 5.10's ``Qwen2RMSNorm.forward`` (and ``LlamaRMSNorm``'s) without its cast to float32."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+@pytest.fixture
+def float64_end_to_end(monkeypatch):
+    """A float64 model that is float64 everywhere. transformers' RMSNorm casts its input to float32 whatever the
+    model's dtype (``Qwen2RMSNorm.forward``: ``hidden_states.to(torch.float32)``, there for bf16 training), so a
+    "float64" Qwen2 is rounded to float32 at every norm, and two summation orders then differ by float32 roundings
+    (about 1e-8 of the activations) that another CPU's kernels round differently. Tests whose claim is exact
+    algebra compare in float64 end to end: the same formula, in the input's dtype, for this test only."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen2 import modeling_qwen2
+
+    for norm in (modeling_qwen2.Qwen2RMSNorm, modeling_llama.LlamaRMSNorm):
+        monkeypatch.setattr(norm, "forward", _rms_norm_in_input_dtype)

@@ -8,6 +8,8 @@ import torch
 from dapo.advantage import group_advantages, token_advantages
 from dapo.shaping import overlong_penalty
 
+pytestmark = pytest.mark.numerics
+
 
 def test_group_advantage_hand_worked():
     # group 0: scores 1, -1, -1, -1 -> mean -0.5, unbiased std sqrt((1.5^2 + 3 * 0.5^2) / 3) = sqrt(1) = 1

@@ -2,7 +2,11 @@
 
 The token-mean loss of a micro-batch is divided by the token count of the whole mini-batch (DAPO's token-level
 loss, ``batch_num_tokens``), so the accumulated gradient, and hence the parameters after the AdamW step, do not
-depend on the micro-batch size. Run in float64 so that the only difference left is summation order.
+depend on the micro-batch size. That is exact algebra, so the step runs in float64 end to end (the
+``float64_end_to_end`` fixture keeps transformers' RMSNorm out of float32; attention is sdpa, which computes in the
+model's dtype): the only difference left is the order of float64 sums, and the tolerance is the bound that order
+allows (:func:`_weight_bound`). A deliberately wrong normaliser (each micro-batch divided by its own token count,
+verl's behaviour before 0.8) is shown to break that bound by orders of magnitude, so the test can fail.
 """
 
 from __future__ import annotations
@@ -11,8 +15,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import EPS64
+from dapo import loss as dapo_loss
 from recipe import cli
 from recipe.embedded.monitor import read_metrics
+
+pytestmark = pytest.mark.numerics
+
+LR = 1e-3
+ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which the engine uses
+OPTIMIZER_STEPS = 2  # 4 prompts x 4 responses in mini-batches of 2 prompts
+RESPONSES_PER_MINI_BATCH = 8
+DEPTH = 2 * 4 + 2  # the tiny model's 4 layers (attention and MLP each), the embedding and the head
 
 
 def _step(tiny_run, run_dir, micro: int, loss_agg_mode: str) -> tuple[dict[str, torch.Tensor], dict]:
@@ -27,7 +41,7 @@ def _step(tiny_run, run_dir, micro: int, loss_agg_mode: str) -> tuple[dict[str, 
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
         "actor_rollout_ref.actor.loss_agg_mode": loss_agg_mode,
-        "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "actor_rollout_ref.actor.optim.lr": LR,
         "actor_rollout_ref.actor.entropy_coeff": 0.01,
     }
     assert cli.main(tiny_run(run_dir, extra)) == 0
@@ -36,9 +50,31 @@ def _step(tiny_run, run_dir, micro: int, loss_agg_mode: str) -> tuple[dict[str, 
     return weights, record
 
 
+def _weight_bound(record: dict, tiny_run) -> float:
+    """How far two summation orders can move a weight after the step, in float64.
+
+    - A gradient element is a sum over the mini-batch's tokens (at most ``tokens`` terms, each one a chain of
+      ``DEPTH`` layers' products); summed in another order it differs by at most ``tokens * DEPTH * eps64`` times
+      the sum of its terms' magnitudes, which is taken as the gradient norm (no cancellation by more than that).
+    - AdamW turns a gradient change δg into a weight change of at most ``lr * δg / eps_adam``: the slope of
+      ``g / (sqrt(v) + eps)`` is largest, ``1 / eps``, at g = 0. Two optimizer steps add two such changes.
+    """
+    from recipe.embedded.config import read_config
+
+    c = read_config(cli.compose(tiny_run()))
+    tokens = RESPONSES_PER_MINI_BATCH * (c.max_prompt_length + c.max_response_length)  # prompt + response rows
+    delta_g = tokens * DEPTH * EPS64 * max(record["actor/grad_norm"], 1.0)
+    return OPTIMIZER_STEPS * LR * delta_g / ADAM_EPS
+
+
+def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
+    return max(((a[name] - b[name]).abs().max().item(), name) for name in b)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
-def test_micro_batch_size_does_not_change_the_update(tiny_run, tiny_start_weights, tmp_path, loss_agg_mode):
+def test_micro_batch_size_does_not_change_the_update(tiny_run, tiny_start_weights, tmp_path, float64_end_to_end,
+                                                      loss_agg_mode):
     per_response, metrics_1 = _step(tiny_run, tmp_path / "micro1", 1, loss_agg_mode)
     whole, metrics_8 = _step(tiny_run, tmp_path / "micro8", 8, loss_agg_mode)
     start = tiny_start_weights
@@ -46,14 +82,28 @@ def test_micro_batch_size_does_not_change_the_update(tiny_run, tiny_start_weight
     # the same rollouts were trained on (generation does not depend on the micro-batch size)
     for key in ("critic/score/mean", "response_length/mean", "train/acc/mean"):
         assert metrics_1[key] == metrics_8[key]
-    # rel 1e-7: float32 rounding inside Qwen2's RMSNorm, see the weights' tolerance below (measured: 4e-9)
-    assert metrics_1["actor/grad_norm"] == pytest.approx(metrics_8["actor/grad_norm"], rel=1e-7)
+    # a norm over P parameters summed in another order: relative error at most P * eps64 (P < 2e6 here: < 5e-10)
+    assert metrics_1["actor/grad_norm"] == pytest.approx(metrics_8["actor/grad_norm"], rel=2e6 * EPS64)
     for name, value in whole.items():
         assert value.dtype == torch.float64
         assert (value - start[name].double()).abs().max() > 1e-6, f"{name} did not move: nothing to compare"
-        # atol 1e-7, not 1e-10: Qwen2's RMSNorm computes in float32 even in a float64 model (transformers 5.10,
-        # Qwen2RMSNorm.forward casts to float32), so gradients through it are rounded to float32. The update's
-        # shared-prompt forward (recipe/embedded/decode.py) sums a prompt's gradient over its responses before
-        # that rounding, micro-batches of 1 response after it: the weights (moved by about 2e-3) differ by at most
-        # 3e-8. A wrong normaliser would change them by a ratio of token counts, orders of magnitude more.
-        torch.testing.assert_close(per_response[name], value, rtol=0, atol=1e-7, msg=name)
+    bound = _weight_bound(metrics_8, tiny_run)
+    gap, name = _max_gap(per_response, whole)
+    assert gap <= bound, f"{name}: micro-batches of 1 and of 8 differ by {gap:.3g}, float64 allows {bound:.3g}"
+
+
+@pytest.mark.slow
+def test_a_per_micro_batch_normaliser_breaks_the_bound(tiny_run, tmp_path, float64_end_to_end, monkeypatch):
+    """The bound above is tight enough to catch the bug it guards against: with each micro-batch's token-mean
+    divided by its own token count (``batch_num_tokens`` dropped), the update depends on the micro-batch size."""
+    whole, metrics_8 = _step(tiny_run, tmp_path / "micro8", 8, "token-mean")
+    correct = dapo_loss.LOSS_MODES["dapo"]
+
+    def per_micro_batch(*args, batch_num_tokens=None, **kwargs):
+        return correct(*args, **kwargs)  # normalised by this micro-batch's own tokens
+
+    monkeypatch.setitem(dapo_loss.LOSS_MODES, "dapo", per_micro_batch)
+    wrong, _ = _step(tiny_run, tmp_path / "wrong", 1, "token-mean")
+    bound = _weight_bound(metrics_8, tiny_run)
+    gap, name = _max_gap(wrong, whole)
+    assert gap > 100 * bound, f"a wrong normaliser moved {name} by only {gap:.3g} (bound {bound:.3g})"
