@@ -8,6 +8,9 @@ way. One frozen dataclass per concern, each owning its defaults and its validati
 * :class:`FilterSettings`    ``algorithm.filter_groups.{enable, metric, max_num_gen_batches}`` (dynamic sampling)
 * :class:`SamplingSettings`  ``data.{train_batch_size, gen_batch_size}`` and ``dapo.sampling.*`` (the batch filler)
 * :class:`OverlongSettings`  ``dapo.overlong_filter`` and ``reward.reward_kwargs.{max_resp_len, overlong_buffer_cfg}``
+* :class:`RunSettings`       the verl keys every run sets (``rollout.n``, sampling, lengths, optimizer, batch
+  division, schedule), checked first and alike by both entry points, so a bad value is refused before a warm-up or
+  Ray starts, naming the key the user set
 
 plus :func:`eos_token_ids`, the one rule for what ends a response (and so what "truncated" means for overlong
 filtering). A bad value raises :class:`ConfigError` naming the verl key and the fix, before any expensive work.
@@ -63,7 +66,8 @@ def check_int(key: str, value: Any, *, minimum: int, hint: str = "") -> int:
         except ValueError:
             ok = False
     if not ok or value < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        what = "a positive integer" if minimum == 1 else "an integer" if minimum < -(2**31) \
+            else f"an integer >= {minimum}"
         raise ConfigError(f"{key} must be {what}, got {value!r}{hint}")
     return int(value)
 
@@ -349,6 +353,122 @@ def eos_token_ids(
     return tuple(sorted(ids))
 
 
+# ---------------------------------------------------------------------------------------------------- the run
+
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def _check_range(key: str, value: Any, *, low: float, high: float, low_open: bool, high_open: bool,
+                 hint: str = "") -> float:
+    """``value`` as a float in the interval, else :class:`ConfigError` naming ``key`` and the interval."""
+    out = check_float(key, value, hint=hint)
+    if (out <= low if low_open else out < low) or (out >= high if high_open else out > high):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ConfigError(f"{key} must be in {interval}, got {value!r}{hint}")
+    return out
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The verl keys every DAPO run sets, with the ranges both engines accept (verl checks some of them only inside
+    its Ray workers, after minutes of start-up)."""
+
+    n: int = field(default=16, metadata={"help": "rollout.n: responses per prompt (>= 2: advantages are relative "
+                                                    "to the group)"})
+    temperature: float = field(default=1.0, metadata={"help": "rollout.temperature, > 0"})
+    top_p: float = field(default=1.0, metadata={"help": "rollout.top_p, in (0, 1]"})
+    top_k: int = field(default=-1, metadata={"help": "rollout.top_k: -1 or 0 off, else >= 1"})
+    val_n: int = field(default=1, metadata={"help": "rollout.val_kwargs.n: responses per validation prompt, >= 1"})
+    val_temperature: float = field(default=1.0, metadata={"help": "rollout.val_kwargs.temperature, > 0 when "
+                                                                  "val_kwargs.do_sample"})
+    val_top_p: float = field(default=1.0, metadata={"help": "rollout.val_kwargs.top_p, in (0, 1]"})
+    max_prompt_length: int = field(default=512, metadata={"help": "data.max_prompt_length, tokens, >= 1"})
+    max_response_length: int = field(default=512, metadata={"help": "data.max_response_length: L_max, >= 1"})
+    lr: float = field(default=1e-6, metadata={"help": "actor.optim.lr, > 0"})
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "actor.optim.betas, each in [0, 1)"})
+    weight_decay: float = field(default=0.01, metadata={"help": "actor.optim.weight_decay, >= 0"})
+    ppo_mini_batch_size: int = field(default=1, metadata={"help": "actor.ppo_mini_batch_size: prompts, divides "
+                                                                    "data.train_batch_size (unset: all of it)"})
+    ppo_epochs: int = field(default=1, metadata={"help": "actor.ppo_epochs, >= 1"})
+    total_training_steps: int | None = field(default=None, metadata={"help": "trainer.total_training_steps, >= 1 "
+                                                                             "(null: total_epochs)"})
+    total_epochs: int = field(default=1, metadata={"help": "trainer.total_epochs, >= 1"})
+    test_freq: int = field(default=-1, metadata={"help": "trainer.test_freq: steps between validations (<= 0: "
+                                                            "never)"})
+    save_freq: int = field(default=-1, metadata={"help": "trainer.save_freq: steps between checkpoints (<= 0: "
+                                                            "never)"})
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> RunSettings:
+        any_int = -(2**62)
+        d = {f.name: f.default for f in fields(cls)}
+        get = lambda key, name: select(config, key, d[name])  # noqa: E731
+        n = check_int(f"{ROLLOUT}.n", get(f"{ROLLOUT}.n", "n"), minimum=1)
+        if n < 2:
+            raise ConfigError(
+                f"{ROLLOUT}.n={n}: DAPO's advantages compare the responses of a prompt with each other, and dynamic "
+                "sampling keeps groups whose accuracy differs, so a group needs at least 2; the paper uses 16"
+            )
+        temperature = check_float(f"{ROLLOUT}.temperature", get(f"{ROLLOUT}.temperature", "temperature"))
+        if temperature <= 0:
+            raise ConfigError(f"{ROLLOUT}.temperature must be > 0, got {temperature!r}: training samples its "
+                              "responses (the paper: 1.0); greedy decoding is for validation only")
+        val = f"{ROLLOUT}.val_kwargs"
+        do_sample = select(config, f"{val}.do_sample", True)
+        val_temperature = check_float(f"{val}.temperature", get(f"{val}.temperature", "val_temperature"))
+        if do_sample and val_temperature <= 0:
+            raise ConfigError(f"{val}.temperature must be > 0 when {val}.do_sample=true, got {val_temperature!r}; "
+                              f"for greedy validation set {val}.do_sample=false (the paper: temperature 1.0)")
+        betas = get(f"{ACTOR}.optim.betas", "betas")
+        if not isinstance(betas, Sequence) or isinstance(betas, str) or len(betas) != 2:
+            raise ConfigError(f"{ACTOR}.optim.betas must be a pair [beta1, beta2], got {betas!r}")
+        betas = tuple(_check_range(f"{ACTOR}.optim.betas", b, low=0, high=1, low_open=False, high_open=True)
+                      for b in betas)
+        lr = check_float(f"{ACTOR}.optim.lr", get(f"{ACTOR}.optim.lr", "lr"))
+        if lr <= 0:
+            raise ConfigError(f"{ACTOR}.optim.lr must be > 0, got {lr!r}; the paper uses 1e-6")
+        weight_decay = check_float(f"{ACTOR}.optim.weight_decay", get(f"{ACTOR}.optim.weight_decay", "weight_decay"))
+        if weight_decay < 0:
+            raise ConfigError(f"{ACTOR}.optim.weight_decay must be >= 0, got {weight_decay!r} (the paper: 0.1)")
+        train = check_int("data.train_batch_size", select(config, "data.train_batch_size", 1), minimum=1)
+        mini = check_int(f"{ACTOR}.ppo_mini_batch_size", select(config, f"{ACTOR}.ppo_mini_batch_size", train),
+                         minimum=1)  # unset: one mini-batch, the whole train batch
+        if train % mini:
+            divisors = [k for k in range(1, train + 1) if train % k == 0]
+            nearest = min(divisors, key=lambda k: (abs(k - mini), k))
+            raise ConfigError(f"data.train_batch_size={train} is not divisible by {ACTOR}.ppo_mini_batch_size={mini} "
+                              f"(both count prompts); choose a mini-batch size that divides it, e.g. {nearest}")
+        steps = select(config, "trainer.total_training_steps")
+        return cls(
+            n=n,
+            temperature=temperature,
+            top_p=_check_range(f"{ROLLOUT}.top_p", get(f"{ROLLOUT}.top_p", "top_p"), low=0, high=1, low_open=True,
+                               high_open=False),
+            top_k=check_int(f"{ROLLOUT}.top_k", get(f"{ROLLOUT}.top_k", "top_k"), minimum=-1,
+                            hint=" (-1 or 0: no top-k)"),
+            val_n=check_int(f"{val}.n", get(f"{val}.n", "val_n"), minimum=1),
+            val_temperature=val_temperature,
+            val_top_p=_check_range(f"{val}.top_p", get(f"{val}.top_p", "val_top_p"), low=0, high=1, low_open=True,
+                                   high_open=False),
+            max_prompt_length=check_int("data.max_prompt_length", get("data.max_prompt_length", "max_prompt_length"),
+                                        minimum=1),
+            max_response_length=check_int("data.max_response_length",
+                                          get("data.max_response_length", "max_response_length"), minimum=1),
+            lr=lr,
+            betas=betas,
+            weight_decay=weight_decay,
+            ppo_mini_batch_size=mini,
+            ppo_epochs=check_int(f"{ACTOR}.ppo_epochs", get(f"{ACTOR}.ppo_epochs", "ppo_epochs"), minimum=1),
+            total_training_steps=None if steps is None else check_int(
+                "trainer.total_training_steps", steps, minimum=1, hint=" (null: trainer.total_epochs over the data)"),
+            total_epochs=check_int("trainer.total_epochs", get("trainer.total_epochs", "total_epochs"), minimum=1),
+            test_freq=check_int("trainer.test_freq", get("trainer.test_freq", "test_freq"), minimum=any_int,
+                                hint=" (an integer; <= 0: never)"),
+            save_freq=check_int("trainer.save_freq", get("trainer.save_freq", "save_freq"), minimum=any_int,
+                                hint=" (an integer; <= 0: never)"),
+        )
+
+
 # ---------------------------------------------------------------------------------------------------- all of it
 
 
@@ -360,11 +480,16 @@ class DapoSettings:
     filter: FilterSettings
     sampling: SamplingSettings
     overlong: OverlongSettings
+    run: RunSettings
 
     @classmethod
     def from_config(cls, config: Mapping) -> DapoSettings:
-        """From the composed config as a plain nested mapping (``OmegaConf.to_container(cfg, resolve=True)``)."""
+        """From the composed config as a plain nested mapping (``OmegaConf.to_container(cfg, resolve=True)``).
+        The run's keys are checked first: a value the user set is named before any key derived from it (a
+        response budget of 0 is ``data.max_response_length``, not the ``max_resp_len`` interpolated from it)."""
+        run = RunSettings.from_config(config)
         return cls(
+            run=run,
             loss=LossSettings.from_config(config),
             filter=FilterSettings.from_config(config),
             sampling=SamplingSettings.from_config(config),

@@ -143,15 +143,8 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         )
 
     settings = DapoSettings.from_config(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
-    train_batch_size = settings.sampling.train_batch_size
-    n = _positive(f"{rollout}.n", _get(cfg, f"{rollout}.n"))
-    mini = _positive(f"{actor}.ppo_mini_batch_size", _get(cfg, f"{actor}.ppo_mini_batch_size"))
-    if train_batch_size % mini:
-        raise ConfigError(
-            f"data.train_batch_size={train_batch_size} is not divisible by {actor}.ppo_mini_batch_size={mini} "
-            "(both count prompts); choose a mini-batch size that divides it, e.g. "
-            f"{_divisor_near(train_batch_size, mini)}"
-        )
+    run = settings.run  # rollout.n, sampling, lengths, optimizer, schedule: checked alike by both engines
+    n, mini = run.n, run.ppo_mini_batch_size
     micro = _get(cfg, f"{actor}.ppo_micro_batch_size_per_gpu") or mini * n
     micro = _positive(f"{actor}.ppo_micro_batch_size_per_gpu", micro)
     if (mini * n) % micro:
@@ -162,16 +155,6 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         )
     log_prob_micro = _get(cfg, f"{rollout}.log_prob_micro_batch_size_per_gpu") or micro
 
-    max_response_length = _positive("data.max_response_length", _get(cfg, "data.max_response_length"))
-    lr = check_float(f"{actor}.optim.lr", _get(cfg, f"{actor}.optim.lr"))
-    if lr <= 0:
-        raise ConfigError(f"{actor}.optim.lr must be > 0, got {lr}; the paper uses 1e-6 (this tiny model: 4e-5)")
-    total_steps = _get(cfg, "trainer.total_training_steps")
-    if total_steps is not None:
-        total_steps = _positive(
-            "trainer.total_training_steps", total_steps, " (null: trainer.total_epochs over the train set)"
-        )
-    total_epochs = _positive("trainer.total_epochs", _get(cfg, "trainer.total_epochs", 1))
 
     for key in ("trainer.resume_mode",):
         if _get(cfg, key) not in ("auto", "disable", "resume_path"):
@@ -185,10 +168,11 @@ def read_config(cfg: DictConfig) -> EngineConfig:
 
     logger = _get(cfg, "trainer.logger", ["console"]) or []
     logger = (logger,) if isinstance(logger, str) else tuple(logger)
-    seed = int(_get(cfg, "embedded.seed", 0))
+    seed = check_int("embedded.seed", _get(cfg, "embedded.seed", 0), minimum=0)
     data_seed = _get(cfg, "data.seed")
+    data_seed = seed if data_seed is None else check_int("data.seed", data_seed, minimum=0)
     val_do_sample = bool(_get(cfg, f"{rollout}.val_kwargs.do_sample", True))
-    val_n = _positive(f"{rollout}.val_kwargs.n", _get(cfg, f"{rollout}.val_kwargs.n", 1))
+    val_n = run.val_n
     if not val_do_sample and val_n != 1:
         raise ConfigError(
             f"greedy validation ({rollout}.val_kwargs.do_sample=false) gives the same response every time; "
@@ -205,36 +189,38 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         val_max_samples=int(_get(cfg, "data.val_max_samples", -1) or -1),
         prompt_key=_get(cfg, "data.prompt_key", "prompt"),
         reward_fn_key=_get(cfg, "data.reward_fn_key", "data_source"),
-        max_prompt_length=_positive("data.max_prompt_length", _get(cfg, "data.max_prompt_length")),
-        max_response_length=max_response_length,
+        max_prompt_length=run.max_prompt_length,
+        max_response_length=run.max_response_length,
         val_batch_size=_get(cfg, "data.val_batch_size"),
         shuffle=bool(_get(cfg, "data.shuffle", True)),
-        data_seed=seed if data_seed is None else int(data_seed),
+        data_seed=data_seed,
         filter_overlong_prompts=bool(_get(cfg, "data.filter_overlong_prompts", False)),
         truncation=_get(cfg, "data.truncation", "error"),
         apply_chat_template_kwargs=_get(cfg, "data.apply_chat_template_kwargs", {}) or {},
         n=n,
-        temperature=float(_get(cfg, f"{rollout}.temperature", 1.0)),
-        top_p=float(_get(cfg, f"{rollout}.top_p", 1.0)),
-        top_k=max(0, int(_get(cfg, f"{rollout}.top_k", -1))),
+        temperature=run.temperature,
+        top_p=run.top_p,
+        top_k=max(0, run.top_k),
         val_n=val_n,
-        val_temperature=float(_get(cfg, f"{rollout}.val_kwargs.temperature", 1.0)),
-        val_top_p=float(_get(cfg, f"{rollout}.val_kwargs.top_p", 1.0)),
-        val_top_k=max(0, int(_get(cfg, f"{rollout}.val_kwargs.top_k", -1))),
+        val_temperature=run.val_temperature,
+        val_top_p=run.val_top_p,
+        val_top_k=max(0, check_int(f"{rollout}.val_kwargs.top_k", _get(cfg, f"{rollout}.val_kwargs.top_k", -1),
+                                   minimum=-1)),
         val_do_sample=val_do_sample,
         max_num_seqs=_positive(f"{rollout}.max_num_seqs", _get(cfg, f"{rollout}.max_num_seqs", 1024)),
         log_prob_micro_batch_size=_positive(f"{rollout}.log_prob_micro_batch_size_per_gpu", log_prob_micro),
         bypass_mode=bool(_get(cfg, "algorithm.rollout_correction.bypass_mode", False)),
         ppo_mini_batch_size=mini,
         ppo_micro_batch_size=micro,
-        ppo_epochs=_positive(f"{actor}.ppo_epochs", _get(cfg, f"{actor}.ppo_epochs", 1)),
+        ppo_epochs=run.ppo_epochs,
         # verl's FSDP engine clips with optim.clip_grad (optim.grad_clip, deprecated, overrides it when set)
-        grad_clip=float(_get(cfg, f"{actor}.optim.grad_clip") or _get(cfg, f"{actor}.optim.clip_grad", 1.0)),
-        lr=lr,
-        lr_warmup_steps=int(_get(cfg, f"{actor}.optim.lr_warmup_steps", -1) or 0),
-        weight_decay=float(_get(cfg, f"{actor}.optim.weight_decay", 0.0)),
-        betas=tuple(float(b) for b in _get(cfg, f"{actor}.optim.betas", [0.9, 0.999])),
-        entropy_coeff=float(_get(cfg, f"{actor}.entropy_coeff", 0.0) or 0.0),
+        grad_clip=_grad_clip(cfg, actor),
+        lr=run.lr,
+        lr_warmup_steps=max(0, check_int(f"{actor}.optim.lr_warmup_steps",
+                                         _get(cfg, f"{actor}.optim.lr_warmup_steps", -1) or 0, minimum=-1)),
+        weight_decay=run.weight_decay,
+        betas=run.betas,
+        entropy_coeff=check_float(f"{actor}.entropy_coeff", _get(cfg, f"{actor}.entropy_coeff", 0.0) or 0.0),
         model_path=_get(cfg, "actor_rollout_ref.model.path"),
         tokenizer_path=_get(cfg, "actor_rollout_ref.model.tokenizer_path"),
         custom_chat_template=_get(cfg, "actor_rollout_ref.model.custom_chat_template"),
@@ -244,10 +230,10 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         reward_path=_get(cfg, "reward.custom_reward_function.path"),
         reward_name=_get(cfg, "reward.custom_reward_function.name", "compute_score") or "compute_score",
         reward_kwargs=_get(cfg, "reward.custom_reward_function.reward_kwargs", {}) or {},
-        total_training_steps=total_steps,
-        total_epochs=total_epochs,
-        test_freq=int(_get(cfg, "trainer.test_freq", -1)),
-        save_freq=int(_get(cfg, "trainer.save_freq", -1)),
+        total_training_steps=run.total_training_steps,
+        total_epochs=run.total_epochs,
+        test_freq=run.test_freq,
+        save_freq=run.save_freq,
         logger=logger,
         project_name=str(_get(cfg, "trainer.project_name", "dapo")),
         experiment_name=str(_get(cfg, "trainer.experiment_name", "embedded")),
@@ -298,6 +284,15 @@ def ignored_verl_keys(cfg: DictConfig) -> list[str]:
         if value != default:
             out.append(f"{key}={value} (verl's default {default}; {why})")
     return out
+
+
+def _grad_clip(cfg: DictConfig, actor: str) -> float:
+    key = f"{actor}.optim.grad_clip" if _get(cfg, f"{actor}.optim.grad_clip") else f"{actor}.optim.clip_grad"
+    value = check_float(key, _get(cfg, key, 1.0))
+    if value <= 0:
+        raise ConfigError(f"{key} must be > 0 (the largest gradient norm an update keeps), got {value!r}; the paper "
+                          "uses 1.0")
+    return value
 
 
 def _divisor_near(total: int, wanted: int) -> int:
