@@ -92,7 +92,22 @@ def main(argv: list[str] | None = None) -> int:
             message = f"{message} ({cause})" if message else cause
         return _fail(message.replace("\n", "\n  "))
 
+    from recipe.common.rundir import RunStopped
+
     engine = OmegaConf.select(cfg, "dapo.engine", default="verl")
+    try:
+        return _run_engine(cfg, engine)
+    except RunStopped as err:  # a full disk, a failing reward function: named, no traceback
+        print(f"dapo-train: stopped: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        run_dir = OmegaConf.select(cfg, "trainer.default_local_dir", default="the run directory")
+        print(f"dapo-train: interrupted; the checkpoints in {run_dir} are kept: run the same command to resume from "
+              "the latest", file=sys.stderr)
+        return 130
+
+
+def _run_engine(cfg, engine: str) -> int:
     if engine == "embedded":
         from recipe.embedded.config import ConfigError
         from recipe.embedded.trainer import run

@@ -117,8 +117,10 @@ def test_non_finite_reward_in_training_stops_naming_the_function(tiny_run, tmp_p
                              "        return 1.0\n"
                              "    return math.nan\n")
     extra = {"reward.custom_reward_function.path": path, "trainer.val_before_train": False}
-    err = _error(capsys, tiny_run(extra=extra))
-    assert f"reward.custom_reward_function ({path}:compute_score) returned nan" in err
+    assert cli.main(tiny_run(extra=extra)) == 1  # stopped by the function, not by the config
+    err = capsys.readouterr().err
+    assert err.startswith("dapo-train: stopped: ") and "Traceback" not in err
+    assert f"reward.custom_reward_function ({path}:compute_score) returned nan on the row data_source=" in err
     assert "max_num_gen_batches" not in err  # not a sampling diagnosis
     assert not (tmp_path / "run" / TRACKER).exists()
 

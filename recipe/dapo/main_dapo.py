@@ -121,7 +121,7 @@ def check_inputs(config: DictConfig) -> None:
     if path:
         checks.load_reward_function(path, select("reward.custom_reward_function.name") or "compute_score",
                                     select("reward.custom_reward_function.reward_kwargs") or {},
-                                    select("data.train_files"))
+                                    select("data.train_files"), select("dapo.reward_timeout_s"))
     run_dir = select("trainer.default_local_dir")
     if select("trainer.resume_mode", "auto") == "auto" and run_dir and "://" not in str(run_dir):
         tracker = Path(run_dir) / "latest_checkpointed_iteration.txt"  # verl's tracker file
@@ -143,6 +143,11 @@ def run_dapo(config: DictConfig) -> None:
         check_dapo_config(config)
     except ValueError as err:  # ConfigError already, or a check naming the key (require_dapo_sampler)
         raise ConfigError(str(err).strip()) from None
+    run_dir = OmegaConf.select(config, "trainer.default_local_dir", default=None)
+    if run_dir and "://" not in str(run_dir):  # one run per directory, held by this driver until it exits
+        from recipe.common.rundir import lock_run_dir
+
+        lock_run_dir(Path(os.path.expanduser(str(run_dir))))
     check_inputs(config)
     auto_set_device(config)
     try:
@@ -161,7 +166,39 @@ def main(config: DictConfig) -> None:
     except ConfigError as err:  # bad input: one line naming the fix, no traceback
         print(f"main_dapo: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"main_dapo: interrupted; the checkpoints in {config.trainer.default_local_dir} are kept: run the "
+              "same command to resume from the latest", file=sys.stderr)
+        sys.exit(130)
+
+
+def _precompose(argv: list[str]) -> None:
+    """Compose the command line as Hydra is about to, and exit 2 with one line when it cannot (a misspelt key, a
+    bad override): Hydra's own report exits 1 with a stack hint. ``hydra.*`` overrides and flags are Hydra's."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from recipe.cli import _quiet_verl_import, compose
+
+    _quiet_verl_import()
+    config_name, overrides = "dapo_trainer", []
+    for arg in argv:
+        if arg.startswith(("--config-name=", "-cn=")):
+            config_name = arg.split("=", 1)[1].removesuffix(".yaml")
+        elif not arg.startswith(("-", "hydra.", "+hydra.", "hydra/")):
+            overrides.append(arg)
+    if any(a.startswith("-") and not a.startswith(("--config-name=", "-cn=")) for a in argv):
+        return  # --multirun, --config-path and the like: leave the whole command line to Hydra
+    try:
+        compose(overrides, config_name)
+    except (HydraException, OmegaConfBaseException, FileNotFoundError) as err:
+        cause = str(err.__cause__ or "").strip().split("\n")[0]
+        message = str(err).strip().replace("\n", " ")
+        print(f"main_dapo: error: {message}{f' ({cause})' if cause and cause not in message else ''}",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
+    _precompose(sys.argv[1:])
     main()

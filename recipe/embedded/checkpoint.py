@@ -54,13 +54,24 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, max
     final = run_dir / f"global_step_{step}"
     tmp = run_dir / f"global_step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "actor")
-    tokenizer.save_pretrained(tmp / "actor")
-    torch.save(state, tmp / STATE_FILE)
-    if identity is not None:
-        from recipe.embedded.identity import write_identity
+    try:
+        model.save_pretrained(tmp / "actor")
+        tokenizer.save_pretrained(tmp / "actor")
+        torch.save(state, tmp / STATE_FILE)
+        if identity is not None:
+            from recipe.embedded.identity import write_identity
 
-        write_identity(tmp, identity)
+            write_identity(tmp, identity)
+    except Exception as err:  # noqa: BLE001 - OSError, safetensors' SafetensorError, torch's RuntimeError
+        cause = _os_cause(err, run_dir)  # before the partial files go: a full disk is seen by what is left free
+        shutil.rmtree(tmp, ignore_errors=True)  # never left where it could pass for a checkpoint
+        from recipe.common.rundir import RunStopped
+
+        raise RunStopped(
+            f"saving the step-{step} checkpoint into {run_dir} failed ({cause}); nothing of it was kept, and the "
+            f"latest intact checkpoint ({find_latest(run_dir) or 'none yet'}) is unchanged. Free space there (or set "
+            "trainer.default_local_dir=<a directory with room>) and run the same command again to resume"
+        ) from None
     if final.exists():  # a run restarted with resume_mode=disable overwrites its old checkpoints
         old = run_dir / f"global_step_{step}.old"
         shutil.rmtree(old, ignore_errors=True)
@@ -76,6 +87,22 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, max
         for old_step in sorted(checkpoint_steps(run_dir))[:-max_to_keep]:
             shutil.rmtree(run_dir / f"global_step_{old_step}", ignore_errors=True)
     return final
+
+
+def _os_cause(err: Exception, directory: Path) -> str:
+    """The cause in words: errno's name for a full disk or a quota, whatever the library wrapped it in (torch's
+    zip writer reports a full disk as ``unexpected pos``, with no errno), else the error itself."""
+    text = f"{type(err).__name__}: {err}".strip()
+    for code, words in ((28, "no space left on device"), (122, "disk quota exceeded"), (13, "permission denied")):
+        if getattr(err, "errno", None) == code or os.strerror(code).lower() in text.lower():
+            return f"{words}: {text[:200]}"
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        free = None
+    if free is not None and free < 1 << 20:
+        return f"no space left on device: {free // 1024} KiB free; {text[:200]}"
+    return text[:300]
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:

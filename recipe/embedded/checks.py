@@ -14,10 +14,14 @@ Each failure is a :class:`~recipe.embedded.config.ConfigError`: one line, no tra
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
+import threading
 from pathlib import Path
 
+from recipe.common.rundir import RunStopped
 from recipe.embedded.config import ConfigError
 
 REQUIRED_COLUMNS = ("reward_model",)
@@ -66,6 +70,34 @@ def check_data_files(files, key: str, *, prompt_key: str = "prompt", reward_fn_k
             )
         if metadata.num_rows == 0:
             raise ConfigError(f"{key}: {name!r} has no rows; point {key} at a file with prompts")
+        table = pq.read_table(path, columns=list(dict.fromkeys((prompt_key, "reward_model"))))
+        check_rows(table.column(prompt_key).to_pylist(), table.column("reward_model").to_pylist(),
+                   f"{key}: {name!r}", prompt_key)
+
+
+def check_rows(messages: list, reward_models: list, where: str, prompt_key: str = "prompt") -> None:
+    """Every row has chat messages ``[{role, content}, ...]`` under ``prompt_key`` and a non-empty
+    ``reward_model.ground_truth``; else :class:`ConfigError` naming ``where``, the rows and the fix."""
+    no_truth = []
+    for row, reward_model in enumerate(reward_models):
+        truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+        if truth is None or (isinstance(truth, str) and not truth.strip()):
+            no_truth.append(row)
+    if no_truth:
+        raise ConfigError(
+            f"{where}: {len(no_truth)} of {len(reward_models)} rows have no reward_model.ground_truth "
+            f"(rows {no_truth[:5]}{' ...' if len(no_truth) > 5 else ''}); every row needs the answer the scorer "
+            "compares with: fill reward_model.ground_truth or drop those rows"
+        )
+    bad_prompt = [
+        row for row, m in enumerate(messages)
+        if not (isinstance(m, list) and m and all(isinstance(x, dict) and "role" in x and "content" in x for x in m))
+    ]
+    if bad_prompt:
+        raise ConfigError(
+            f"{where}: column {prompt_key!r} must hold chat messages [{{role, content}}, ...]; rows "
+            f"{bad_prompt[:5]} do not (set data.prompt_key to the column that does)"
+        )
 
 
 def first_row(files) -> dict | None:
@@ -97,29 +129,75 @@ def _finite_score(result) -> float | None:
 
 
 class CheckedReward:
-    """A reward function that stops the run, naming itself, the first time it returns a non-finite score: a NaN
-    reward would otherwise make every group look constant to dynamic sampling, or every gradient non-finite."""
+    """A reward function that stops the run, naming itself, the response's row and what went wrong, the first time
+    it raises, returns a non-finite score (a NaN reward would make every group look constant to dynamic sampling,
+    or every gradient non-finite) or takes longer than ``timeout_s`` (``dapo.reward_timeout_s``; enforced with
+    ``SIGALRM`` when called from the main thread, as the embedded engine calls it)."""
 
-    def __init__(self, fn, label: str) -> None:
-        self.fn, self.label = fn, label
+    def __init__(self, fn, label: str, timeout_s: float | None = None) -> None:
+        self.fn, self.label, self.timeout_s = fn, label, timeout_s
+
+    def _row(self, data_source, solution_str, ground_truth) -> str:
+        excerpt = solution_str if len(solution_str) <= 80 else solution_str[:77] + "..."
+        return f"data_source={data_source!r}, ground truth {ground_truth!r}, response {excerpt!r}"
 
     def __call__(self, data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-        result = self.fn(data_source, solution_str, ground_truth, extra_info, **kwargs)
+        try:
+            with _time_limit(self.timeout_s):
+                result = self.fn(data_source, solution_str, ground_truth, extra_info, **kwargs)
+        except _RewardTimeout:
+            raise RunStopped(
+                f"{self.label} did not return within dapo.reward_timeout_s={self.timeout_s:g} s on the row "
+                f"{self._row(data_source, solution_str, ground_truth)}; fix the function (or raise the limit); the "
+                "run stopped, its last checkpoint is intact"
+            ) from None
+        except (RunStopped, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's function: its failure is named, not traced back
+            raise RunStopped(
+                f"{self.label} raised {type(err).__name__}: {err} on the row "
+                f"{self._row(data_source, solution_str, ground_truth)}; fix the function; the run stopped, its last "
+                "checkpoint is intact"
+            ) from None
         if _finite_score(result) is None:
-            raise ConfigError(
-                f"{self.label} returned {result!r} for a response of data_source={data_source!r}, ground truth "
-                f"{ground_truth!r}; a reward must be a finite number or a dict with a finite 'score'. Fix the "
-                "function; the run stopped before training on it"
+            raise RunStopped(
+                f"{self.label} returned {result!r} on the row {self._row(data_source, solution_str, ground_truth)}; "
+                "a reward must be a finite number or a dict with a finite 'score'. Fix the function; the run stopped "
+                "before training on it, its last checkpoint is intact"
             )
         return result
 
 
-def load_reward_function(path: str | None, name: str, reward_kwargs: dict, train_files) -> CheckedReward:
+class _RewardTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """Raise :class:`_RewardTimeout` in the main thread after ``seconds`` (no limit elsewhere, or with None)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _RewardTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def load_reward_function(path: str | None, name: str, reward_kwargs: dict, train_files,
+                         timeout_s: float | None = None) -> CheckedReward:
     """``reward.custom_reward_function.{path,name}`` (``path`` unset: the DAPO scorer), checked on a probe."""
     if not path:
         from dapo.reward import compute_score
 
-        return CheckedReward(compute_score, "the DAPO scorer (dapo.reward.compute_score)")
+        return CheckedReward(compute_score, "the DAPO scorer (dapo.reward.compute_score)", timeout_s)
     label = f"reward.custom_reward_function ({path}:{name})"
     if not Path(os.path.expanduser(path)).is_file():
         raise ConfigError(f"reward.custom_reward_function.path={path!r}: no such file; set it to a python file that "
@@ -145,7 +223,12 @@ def load_reward_function(path: str | None, name: str, reward_kwargs: dict, train
     source, extra = row.get("data_source", "probe"), row.get("extra_info")
     for response in (f"Answer: {truth}", ""):
         try:
-            result = fn(source, response, truth, extra, **reward_kwargs)
+            with _time_limit(timeout_s):
+                result = fn(source, response, truth, extra, **reward_kwargs)
+        except _RewardTimeout:
+            raise ConfigError(f"{label} did not return within dapo.reward_timeout_s={timeout_s:g} s on a probe "
+                              f"(data_source={source!r}, response {response!r}, ground truth {truth!r}); fix the "
+                              "function (or raise the limit)") from None
         except Exception as err:  # noqa: BLE001
             raise ConfigError(f"{label} raised {type(err).__name__}: {err} on a probe (data_source={source!r}, "
                               f"response {response!r}, ground truth {truth!r}); fix the function") from None
@@ -153,7 +236,7 @@ def load_reward_function(path: str | None, name: str, reward_kwargs: dict, train
             raise ConfigError(f"{label} returned {result!r} on a probe (data_source={source!r}, response "
                               f"{response!r}, ground truth {truth!r}); a reward must be a finite number or a dict "
                               "with a finite 'score'")
-    return CheckedReward(fn, label)
+    return CheckedReward(fn, label, timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------------- updates

@@ -75,6 +75,7 @@ class EngineConfig:
     reward_path: str | None
     reward_name: str
     reward_kwargs: dict
+    reward_timeout_s: float | None  # dapo.reward_timeout_s: one reward call longer than this stops the run
     # trainer
     total_training_steps: int | None  # None: total_epochs over the train set
     total_epochs: int
@@ -230,6 +231,7 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         reward_path=_get(cfg, "reward.custom_reward_function.path"),
         reward_name=_get(cfg, "reward.custom_reward_function.name", "compute_score") or "compute_score",
         reward_kwargs=_get(cfg, "reward.custom_reward_function.reward_kwargs", {}) or {},
+        reward_timeout_s=_reward_timeout(cfg),
         total_training_steps=run.total_training_steps,
         total_epochs=run.total_epochs,
         test_freq=run.test_freq,
@@ -284,6 +286,16 @@ def ignored_verl_keys(cfg: DictConfig) -> list[str]:
         if value != default:
             out.append(f"{key}={value} (verl's default {default}; {why})")
     return out
+
+
+def _reward_timeout(cfg: DictConfig) -> float | None:
+    value = _get(cfg, "dapo.reward_timeout_s")
+    if value is None:
+        return None
+    value = check_float("dapo.reward_timeout_s", value, hint=" (seconds; null: no limit)")
+    if value <= 0:
+        raise ConfigError(f"dapo.reward_timeout_s must be > 0 seconds (null: no limit), got {value!r}")
+    return value
 
 
 def _grad_clip(cfg: DictConfig, actor: str) -> float:

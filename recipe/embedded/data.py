@@ -100,28 +100,10 @@ def load_prompts(
     data_sources = [str(s) for s in columns[reward_fn_key]]
     extra_infos = columns["extra_info"] if "extra_info" in columns else [None] * len(frame)
 
-    ground_truths, no_truth = [], []
-    for row, reward_model in enumerate(reward_models):
-        truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
-        if truth is None or (isinstance(truth, str) and not truth.strip()):
-            no_truth.append(row)
-        ground_truths.append(None if truth is None else str(truth))
-    if no_truth:
-        raise ConfigError(
-            f"{files_key}: {len(no_truth)} of {len(frame)} rows have no reward_model.ground_truth "
-            f"(rows {no_truth[:5]}{' ...' if len(no_truth) > 5 else ''}); every row needs the answer the scorer "
-            "compares with: fill reward_model.ground_truth or drop those rows"
-        )
-    bad_prompt = [
-        row for row, m in enumerate(messages)
-        if not (isinstance(m, list) and m and all(isinstance(x, dict) and "role" in x and "content" in x for x in m))
-    ]
-    if bad_prompt:
-        raise ConfigError(
-            f"{files_key}: column {prompt_key!r} must hold chat messages [{{role, content}}, ...]; rows "
-            f"{bad_prompt[:5]} do not (set data.prompt_key to the column that does)"
-        )
+    from recipe.embedded.checks import check_rows
 
+    check_rows(messages, reward_models, files_key, prompt_key)  # the rule check_data_files applied before start
+    ground_truths = [str(rm["ground_truth"]) for rm in reward_models]
     kwargs = dict(apply_chat_template_kwargs or {})
     for key in ("tokenize", "return_dict", "return_tensors"):
         kwargs.pop(key, None)

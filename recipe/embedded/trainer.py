@@ -54,6 +54,7 @@ from dapo.metrics import mean_metrics, repeat_ngram_frac, response_length_metric
 from dapo.sampling import BatchFiller
 from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
+from recipe.common.rundir import lock_run_dir, unlock_run_dir
 from recipe.embedded import checkpoint, checks
 from recipe.embedded.config import ConfigError, EngineConfig, ignored_verl_keys, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
@@ -130,6 +131,16 @@ def run(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> Path:
     for files, key in ((c.train_files, "data.train_files"), (c.val_files, "data.val_files")):
         checks.check_data_files(files, key, prompt_key=c.prompt_key, reward_fn_key=c.reward_fn_key)
     score_fn = _load_score_fn(c)
+    lock_run_dir(run_dir)  # one run per directory: a second one refuses here, naming this one
+    try:
+        return _train(c, cfg, run_dir, identity, score_fn, callbacks)
+    finally:
+        unlock_run_dir(run_dir)
+
+
+def _train(c: EngineConfig, cfg: DictConfig, run_dir: Path, identity: dict, score_fn,
+           callbacks: Sequence[Callback]) -> Path:
+    """:func:`run` once its inputs are checked and its run directory is locked."""
     resume_from = _resume_checkpoint(c, run_dir, identity)
     if resume_from is not None and _finished(c, resume_from):
         return run_dir
@@ -656,4 +667,5 @@ def _load_data(c: EngineConfig, tokenizer) -> tuple[PromptSet, PromptSet]:
 def _load_score_fn(c: EngineConfig):
     """``dapo.reward.compute_score``, or verl's ``reward.custom_reward_function.{path,name}`` when set; probed once,
     then every score it returns is checked to be finite (``checks.CheckedReward``)."""
-    return checks.load_reward_function(c.reward_path, c.reward_name, c.reward_kwargs, c.train_files)
+    return checks.load_reward_function(c.reward_path, c.reward_name, c.reward_kwargs, c.train_files,
+                                       c.reward_timeout_s)

@@ -1,0 +1,75 @@
+"""One run directory, one run: an exclusive lock held for the whole run, taken before anything is written.
+
+Two processes training into one ``trainer.default_local_dir`` would both append to ``metrics.jsonl`` (steps 0, 1,
+0, 2, 1, ...) and overwrite each other's checkpoints. :func:`lock_run_dir` takes ``<run_dir>/.run.lock`` with
+``fcntl.flock``: the kernel drops the lock when the holder exits, however it exits (SIGKILL included), so a
+crashed run never leaves a stale lock behind. The file records the holder's pid, host and command line, which the
+second process names when it refuses. On a filesystem without ``flock`` support (some network filesystems) the
+lock cannot be taken and the run says so and goes on unlocked.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from dapo.settings import ConfigError
+
+LOCK_FILE = ".run.lock"
+
+
+class RunStopped(RuntimeError):
+    """A run stopped by something outside its config (a full disk, a reward function that fails or hangs): one
+    line naming what failed and where; the entry points print it without a traceback and exit 1. The last
+    checkpoint written before it is intact."""
+
+_held: dict[Path, int] = {}  # run directory -> the lock file's descriptor, for the life of this process
+
+
+def lock_run_dir(run_dir: Path, key: str = "trainer.default_local_dir") -> None:
+    """Hold ``run_dir``'s lock until this process exits; raise :class:`ConfigError` naming the other process
+    when another one holds it. Taking it again in the same process is a no-op."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            print(f"warning: cannot lock {path} ({err}); nothing stops a second run from using {run_dir}")
+            return
+        holder = _describe(os.pread(fd, 4096, 0))
+        os.close(fd)
+        raise ConfigError(
+            f"{key}={str(run_dir)!r} is in use by another run ({holder}); two runs in one directory would "
+            f"interleave their metrics and overwrite each other's checkpoints. Wait for it to finish (or stop it), "
+            f"or set {key}=<another directory> / trainer.experiment_name=<another name>"
+        ) from None
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)[:500]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+    _held[run_dir] = fd
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    """Release the lock early (it is released at exit anyway)."""
+    fd = _held.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _describe(raw: bytes) -> str:
+    try:
+        record = json.loads(raw.decode())
+        return f"process {record['pid']} on {record['host']}: {record['command']}"
+    except (ValueError, KeyError, UnicodeDecodeError):
+        return "a process that has not recorded itself yet"

@@ -1,0 +1,271 @@
+"""Faults and bad input on both entry points, on real processes: a second run in a busy run directory, Ctrl-C,
+a full disk during a checkpoint, a reward function that raises or hangs, and the config values both entry points
+refuse before any expensive work (the verl entry point: before Ray starts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from recipe import cli
+from recipe.common.rundir import LOCK_FILE
+from recipe.embedded.checkpoint import TRACKER, damage
+from recipe.embedded.monitor import read_metrics
+from recipe.embedded.task import AdditionTask
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+def _start(args: list[str], log: Path, module: str = "recipe.cli") -> subprocess.Popen:
+    with log.open("w") as sink:
+        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=ENV, stdout=sink,
+                                stderr=subprocess.STDOUT)
+
+
+def _wait(condition, process: subprocess.Popen, log: Path, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"exited ({process.returncode}) before {what}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def _checkpointed(run_dir: Path, step: int):
+    tracker = run_dir / TRACKER
+    return lambda: tracker.is_file() and int(tracker.read_text() or 0) >= step
+
+
+def _verl_args(tmp_path: Path, run_dir: Path, *extra: str) -> list[str]:
+    parquet = tmp_path / "train.parquet"
+    if not parquet.exists():
+        pd.DataFrame(AdditionTask(digits=1, val_size=16).rows("train")).to_parquet(parquet, index=False)
+    return [f"data.train_files={parquet}", f"data.val_files={parquet}", f"trainer.default_local_dir={run_dir}",
+            *extra]
+
+
+# ---------------------------------------------------------------------------------------------------- one run, one dir
+
+
+@pytest.mark.slow
+def test_a_second_run_in_a_busy_directory_refuses_at_once_on_both_entry_points(tiny_run, tmp_path):
+    run_dir = tmp_path / "run"
+    # long enough to be running while both second runs start; stopped with Ctrl-C once they have been refused
+    args = tiny_run(run_dir, {"trainer.total_training_steps": 5000, "trainer.save_freq": 50, "trainer.test_freq": -1})
+    first = _start(args, tmp_path / "first.log")
+    try:
+        _wait(lambda: (run_dir / LOCK_FILE).is_file() and (run_dir / LOCK_FILE).read_text(), first,
+              tmp_path / "first.log", "lock")
+        for command in ([sys.executable, "-m", "recipe.cli", *args],
+                        [sys.executable, "-m", "recipe.dapo.main_dapo", *_verl_args(tmp_path, run_dir)]):
+            started = time.monotonic()
+            second = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+            assert second.returncode == 2, second.stderr[-2000:]
+            message = second.stderr.strip().splitlines()[-1]
+            assert f"trainer.default_local_dir={str(run_dir)!r} is in use by another run (process {first.pid}" in \
+                message, message
+            assert "Traceback" not in second.stderr and "ray" not in second.stdout.lower()
+            assert time.monotonic() - started < 120  # refused before any warm-up, model load or Ray
+        assert first.poll() is None, "the first run ended before the second ones were refused: nothing was tested"
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+    assert first.returncode == 130, (tmp_path / "first.log").read_text()[-3000:]
+    steps = [r["step"] for r in read_metrics(run_dir)]
+    assert steps == list(range(len(steps))) and len(steps) > 1  # the first run's records only, each once
+
+
+# ---------------------------------------------------------------------------------------------------- Ctrl-C
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(tiny_run, tmp_path):
+    steps = 5
+    extra = {"trainer.total_training_steps": steps, "trainer.save_freq": 1, "trainer.test_freq": -1,
+             "trainer.val_before_train": False}
+    reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    assert cli.main(tiny_run(reference_dir, extra)) == 0
+    log = tmp_path / "first.log"
+    first = _start(tiny_run(run_dir, extra), log)
+    _wait(_checkpointed(run_dir, 2), first, log, "checkpoint 2")
+    first.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    first.wait(timeout=60)
+    assert time.monotonic() - sent < 15
+    text = log.read_text()
+    assert first.returncode == 130, text[-2000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert f"dapo-train: interrupted; the checkpoints in {run_dir} are kept" in text
+    resumed = subprocess.run([sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)], cwd=REPO, env=ENV,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # one record per step, none twice
+    reference = {r["step"]: r for r in read_metrics(reference_dir)}
+    for record in records:
+        assert record["critic/score/mean"] == reference[record["step"]]["critic/score/mean"], record["step"]
+
+
+# ---------------------------------------------------------------------------------------------------- full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of 20 MiB (tmpfs), so that a write fails with ENOSPC; skipped where mounting is not
+    allowed (not root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.strip()}): run as root to test a full disk")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint_is_named_and_never_taken_for_a_checkpoint(tiny_run, tmp_path, small_disk):
+    run_dir = small_disk / "run"
+    # a checkpoint of the tiny model holds about 12 MiB (weights, tokenizer, AdamW state): 20 MiB fit one
+    extra = {"trainer.total_training_steps": 4, "trainer.save_freq": 1, "trainer.test_freq": -1,
+             "trainer.val_before_train": False}
+    result = subprocess.run([sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)], cwd=REPO, env=ENV,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stderr[-3000:]
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("dapo-train: stopped: saving the step-") and "Traceback" not in result.stderr
+    assert f"checkpoint into {run_dir} failed (no space left on device" in message, message
+    failed = int(message.split("step-")[1].split(" ")[0])
+    assert failed >= 2 and not (run_dir / f"global_step_{failed}").exists()
+    assert not list(run_dir.glob("*.tmp"))  # no partial checkpoint left to be mistaken for one
+    assert int((run_dir / TRACKER).read_text()) == failed - 1
+    assert damage(run_dir / f"global_step_{failed - 1}") is None  # the last one written is intact
+
+
+# ---------------------------------------------------------------------------------------------------- reward function
+
+
+def _scorer(tmp_path: Path, fail: str) -> str:
+    """A scorer that answers the start-up probe (its first two calls) and then ``fail``s."""
+    path = tmp_path / "scorer.py"
+    path.write_text(
+        "import time\n"
+        "calls = 0\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls <= 2:\n"
+        "        return 1.0\n"
+        f"    {fail}\n"
+    )
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail, fragment", [
+    ("raise KeyError('answer')", "raised KeyError: 'answer' on the row data_source="),
+    ("return 'right'", "returned 'right' on the row data_source="),
+    ("return None", "returned None on the row data_source="),
+    ("time.sleep(3600)", "did not return within dapo.reward_timeout_s=2 s on the row data_source="),
+], ids=["raises", "not-a-number", "none", "hangs"])
+def test_a_failing_reward_function_stops_the_run_naming_it_and_the_row(tiny_run, tmp_path, capsys, fail, fragment):
+    path = _scorer(tmp_path, fail)
+    extra = {"reward.custom_reward_function.path": path, "trainer.val_before_train": False,
+             "dapo.reward_timeout_s": 2}
+    started = time.monotonic()
+    assert cli.main(tiny_run(extra=extra)) == 1
+    assert time.monotonic() - started < 120
+    err = capsys.readouterr().err
+    assert err.startswith("dapo-train: stopped: ") and "Traceback" not in err
+    assert f"reward.custom_reward_function ({path}:compute_score) {fragment}" in err, err
+    assert "ground truth" in err and "response" in err
+
+
+def test_a_reward_function_that_hangs_on_the_probe_is_refused_before_ray(tmp_path, capsys):
+    path = tmp_path / "scorer.py"
+    path.write_text("import time\ndef compute_score(*args, **kwargs):\n    time.sleep(3600)\n")
+    args = ["--config-name", "dapo_trainer", *_verl_args(tmp_path, tmp_path / "run",
+                                                          f"reward.custom_reward_function.path={path}",
+                                                          "dapo.reward_timeout_s=1")]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"({path}:compute_score) did not return within dapo.reward_timeout_s=1 s on a probe" in err
+
+
+# ---------------------------------------------------------------------------------------------------- config values
+
+BAD_VALUES = [  # (override, the key the refusal must name, a word of the allowed values)
+    ("actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.n=1", "at least 2"),
+    ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature", "> 0"),
+    ("actor_rollout_ref.rollout.temperature=hot", "actor_rollout_ref.rollout.temperature", "finite number"),
+    ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p", "(0, 1]"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature=0", "actor_rollout_ref.rollout.val_kwargs.temperature",
+     "do_sample=false"),
+    ("actor_rollout_ref.rollout.val_kwargs.n=0", "actor_rollout_ref.rollout.val_kwargs.n", "positive integer"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_p=0", "actor_rollout_ref.rollout.val_kwargs.top_p", "(0, 1]"),
+    ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr", "> 0"),
+    ("actor_rollout_ref.actor.optim.betas=[0.9,1.5]", "actor_rollout_ref.actor.optim.betas", "[0, 1)"),
+    ("actor_rollout_ref.actor.optim.weight_decay=-0.1", "actor_rollout_ref.actor.optim.weight_decay", ">= 0"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "divides"),
+    ("actor_rollout_ref.actor.ppo_epochs=0", "actor_rollout_ref.actor.ppo_epochs", "positive integer"),
+    ("actor_rollout_ref.actor.clip_ratio_high=-0.1", "actor_rollout_ref.actor.clip_ratio_high", ""),
+    ("actor_rollout_ref.actor.loss_agg_mode=mean", "actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=ppo2", "actor_rollout_ref.actor.policy_loss.loss_mode", "dapo"),
+    ("algorithm.filter_groups.metric=reward", "algorithm.filter_groups.metric", "acc"),
+    ("data.max_response_length=0", "data.max_response_length", "positive integer"),
+    ("data.max_prompt_length=-5", "data.max_prompt_length", "positive integer"),
+    ("reward.reward_kwargs.overlong_buffer_cfg.len=100000", "overlong_buffer", ""),
+    ("trainer.total_training_steps=-1", "trainer.total_training_steps", "positive integer"),
+    ("trainer.test_freq=often", "trainer.test_freq", "an integer"),
+]
+
+
+def _bad_config(tiny_run, override):
+    return [a for a in tiny_run() if not a.startswith(override.split("=")[0] + "=")] + [override]
+
+
+@pytest.mark.parametrize("override, key, allowed", BAD_VALUES, ids=[b[0].rsplit(".", 1)[-1] for b in BAD_VALUES])
+def test_dapo_train_refuses_a_bad_value_at_once_naming_the_key(tiny_run, capsys, override, key, allowed):
+    assert cli.main(_bad_config(tiny_run, override)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dapo-train: error: ") and key in err and allowed in err, err
+
+
+@pytest.mark.parametrize("override, key, allowed", BAD_VALUES, ids=[b[0].rsplit(".", 1)[-1] for b in BAD_VALUES])
+def test_the_verl_entry_point_refuses_the_same_value_before_ray(tmp_path, monkeypatch, override, key, allowed):
+    import verl.trainer.main_ppo
+
+    from dapo.settings import ConfigError
+    from recipe.dapo.main_dapo import run_dapo
+
+    def ray_started(*args, **kwargs):
+        raise AssertionError(f"{override} reached verl's run_ppo (Ray) instead of being refused")
+
+    monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo", ray_started)
+    config = cli.compose(_verl_args(tmp_path, tmp_path / "run", "+experiment=cpu_tiny", override), "dapo_trainer")
+    with pytest.raises(ConfigError) as refused:
+        run_dapo(config)
+    assert key in str(refused.value) and allowed in str(refused.value), str(refused.value)
+
+
+@pytest.mark.slow
+def test_main_dapo_refuses_a_misspelt_key_and_a_bad_value_with_exit_code_2(tmp_path):
+    for override, expected in (("actor_rollout_ref.rollout.nn=4", "actor_rollout_ref.rollout.nn"),
+                               ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p must be")):
+        result = subprocess.run([sys.executable, "-m", "recipe.dapo.main_dapo",
+                                 *_verl_args(tmp_path, tmp_path / "run", override)],
+                                cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2, result.stderr[-2000:]
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("main_dapo: error: ") and expected in last, last
+        assert "Traceback" not in result.stderr
