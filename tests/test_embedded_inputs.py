@@ -9,8 +9,10 @@ import os
 
 import pandas as pd
 import pytest
+import torch
 
 from recipe import cli
+from recipe.common.rundir import LOCK_FILE
 from recipe.embedded.checkpoint import STATE_FILE, TRACKER
 from recipe.embedded.checks import UpdateGuard
 from recipe.embedded.config import ConfigError
@@ -31,10 +33,12 @@ def _error(capsys, overrides) -> str:
 
 
 def _snapshot(run_dir) -> dict:
-    """Every file under ``run_dir`` with its size and modification time (what a refused run must not change)."""
+    """Every file under ``run_dir`` with its size and modification time (what a refused run must not change), but
+    the run directory's lock, which every start takes before its checks (``recipe.common.rundir``)."""
     if not run_dir.exists():
         return {}
-    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")
+            if p.name != LOCK_FILE}
 
 
 # ---------------------------------------------------------------------------------------------------- data files
@@ -256,7 +260,8 @@ def test_verl_engine_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     # a checkpoint as verl 0.9.1 lays it out, with the run.json DAPOTrainer._save_checkpoint adds (lr 1e-6)
     earlier = cli.compose(_verl(tmp_path, parquet, ["actor_rollout_ref.actor.optim.lr=1e-6"])[2:], "dapo_trainer")
     step = tmp_path / "verl-run" / "global_step_5"
-    step.mkdir(parents=True)
+    (step / "actor").mkdir(parents=True)
+    torch.save({}, step / "data.pt")  # intact, as far as recipe.dapo.resume.checkpoint_damage can tell
     write_identity(step, run_identity(earlier))
     (tmp_path / "verl-run" / "latest_checkpointed_iteration.txt").write_text("5")
     before = _snapshot(tmp_path / "verl-run")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -269,3 +268,30 @@ def test_main_dapo_refuses_a_misspelt_key_and_a_bad_value_with_exit_code_2(tmp_p
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith("main_dapo: error: ") and expected in last, last
         assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- verl's metrics
+
+
+def test_verl_metrics_keep_each_step_once_across_a_restart(tmp_path, monkeypatch):
+    """verl's file logger, patched to append (``recipe.dapo.resume``), after :func:`trim_metrics` dropped what a
+    killed run logged past its checkpoint (a line cut short by the kill included): each step once."""
+    from verl.utils import tracking
+
+    from recipe.dapo.resume import patch_file_logger_append, trim_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    patch_file_logger_append()
+    first = tracking.FileLogger("p", "e")
+    for step in (1, 2, 3):  # checkpoint at 2, killed while logging step 3's record
+        first.log({"x": step}, step)
+    first.finish()
+    path.write_bytes(path.read_bytes() + b'{"step": 4, "da')  # cut short
+    assert trim_metrics(path, resumed_step=2) == 2
+    second = tracking.FileLogger("p", "e")  # the resumed run, from step 2
+    for step in (3, 4):
+        second.log({"x": step}, step)
+    second.finish()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r["data"]["x"]) for r in records] == [(1, 1), (2, 2), (3, 3), (4, 4)]

@@ -219,37 +219,51 @@ def _wait_for(predicate, proc, timeout_s: float, what: str) -> None:
         time.sleep(2)
 
 
-def test_killed_after_a_checkpoint_resumes_at_the_next_step_with_the_sampler_state(own_tmp):
+def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_step_logged_once(own_tmp):
+    """SIGKILL once a step-2 (or later, K) checkpoint is on disk, then that checkpoint's weights cut short: the
+    same command names the damaged checkpoint, resumes from step K - 1 with the sampler state saved there, and
+    ``metrics.jsonl`` ends with one record for each step, none twice (the killed run may have logged step K + 1)."""
     run_dir = own_tmp / "resume"
     run_dir.mkdir()
-    common = {"trainer.total_training_steps": 4, "trainer.save_freq": 2, "trainer.test_freq": -1,
-              "trainer.val_before_train": False}
-    env = _env(run_dir)
-    env["VERL_FILE_LOGGER_PATH"] = str(run_dir / "metrics-first.jsonl")
+    total = 6
+    common = {"trainer.total_training_steps": total, "trainer.save_freq": 1, "trainer.test_freq": -1,
+              "trainer.val_before_train": False}  # cpu_tiny keeps 2 checkpoints: K and K - 1
     with open(run_dir / "console.log", "w") as log:
         first = subprocess.Popen([str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
-                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                 cwd=REPO, env=_env(run_dir), stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
         try:
             tracker = run_dir / "latest_checkpointed_iteration.txt"
-            _wait_for(lambda: tracker.is_file() and tracker.read_text().strip() == "2", first, RUN_TIMEOUT_S,
-                      "the step-2 checkpoint")
+            _wait_for(lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 2, first,
+                      RUN_TIMEOUT_S, "the step-2 checkpoint")
         finally:
             os.killpg(first.pid, signal.SIGKILL)  # the whole process group: driver, Ray, workers, vLLM
             first.wait(timeout=60)
     _kill_ray_processes(_ray_temp_dir(run_dir))  # Ray's own processes outlive the killed driver's group
-    saved = torch.load(run_dir / "global_step_2" / "dapo_sampler.pt", weights_only=False)["filler"]
-    assert saved["totals"]["steps"] == 2
+    last = int(tracker.read_text())
+    assert last < total, "the run finished before it was killed"
+    saved = torch.load(run_dir / f"global_step_{last - 1}" / "dapo_sampler.pt", weights_only=False)["filler"]
+    assert saved["totals"]["steps"] == last - 1
+    weights = run_dir / f"global_step_{last}" / "actor" / "model_world_size_1_rank_0.pt"
+    with open(weights, "r+b") as f:  # a save cut short by a full disk or a kill
+        f.truncate(weights.stat().st_size // 2)
 
     (run_dir / "console.log").rename(run_dir / "console-first.log")
     proc = train(run_dir, **common)  # resume_mode=auto (cpu_tiny.yaml)
     assert proc.returncode == 0, _tail(run_dir)
-    steps = metrics(run_dir)
-    assert sorted(steps) == [3, 4], f"resumed run logged steps {sorted(steps)}, expected 3 and 4"
-    final = torch.load(run_dir / "global_step_4" / "dapo_sampler.pt", weights_only=False)["filler"]
-    # the filler continued from the saved state: its run totals include the two steps before the kill
-    assert final["totals"]["steps"] == 4
-    assert final["totals"]["rounds"] == saved["totals"]["rounds"] + sum(steps[s]["train/num_gen_batches"] for s in (3, 4))
-    assert "DAPO sampler state restored from" in (run_dir / "console.log").read_text()
+    console = (run_dir / "console.log").read_text()
+    assert f"warning: checkpoint {run_dir / f'global_step_{last}'} is damaged and skipped: {weights} is damaged" \
+        in console
+    assert f"resuming from {run_dir / f'global_step_{last - 1}'}, the newest intact checkpoint" in console
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, total + 1)), f"metrics.jsonl holds steps {steps}: each of 1..{total} once expected"
+    resumed = metrics(run_dir)
+    final = torch.load(run_dir / f"global_step_{total}" / "dapo_sampler.pt", weights_only=False)["filler"]
+    # the filler continued from the state saved at step K - 1: its run totals include the steps before the kill
+    assert final["totals"]["steps"] == total
+    assert final["totals"]["rounds"] == saved["totals"]["rounds"] + sum(
+        resumed[s]["train/num_gen_batches"] for s in range(last, total + 1))
+    assert "DAPO sampler state restored from" in console
 
 
 # ---------------------------------------------------------------------------------------------------------------

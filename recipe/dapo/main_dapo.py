@@ -96,9 +96,11 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
     return settings
 
 
-def check_inputs(config: DictConfig) -> None:
+def check_inputs(config: DictConfig) -> Path | None:
     """The checks the embedded engine makes before its warm-up, made here before Ray starts (``ConfigError``
-    naming the key or file): data files, the custom reward function, the identity of the checkpoint to resume."""
+    naming the key or file): data files, the custom reward function, the identity of the checkpoint to resume,
+    which is returned (``None``: the run starts at step 0)."""
+    from recipe.dapo.resume import choose_checkpoint
     from recipe.embedded import checks
     from recipe.embedded.config import ConfigError
     from recipe.embedded.identity import check_same_run, run_identity
@@ -122,13 +124,10 @@ def check_inputs(config: DictConfig) -> None:
         checks.load_reward_function(path, select("reward.custom_reward_function.name") or "compute_score",
                                     select("reward.custom_reward_function.reward_kwargs") or {},
                                     select("data.train_files"), select("dapo.reward_timeout_s"))
-    run_dir = select("trainer.default_local_dir")
-    if select("trainer.resume_mode", "auto") == "auto" and run_dir and "://" not in str(run_dir):
-        tracker = Path(run_dir) / "latest_checkpointed_iteration.txt"  # verl's tracker file
-        if tracker.is_file():
-            latest = Path(run_dir) / f"global_step_{tracker.read_text().strip()}"
-            if latest.is_dir():
-                check_same_run(latest, run_identity(config))
+    latest = choose_checkpoint(config)  # the newest intact checkpoint (a damaged one is named and skipped)
+    if latest is not None and latest.is_dir():
+        check_same_run(latest, run_identity(config))
+    return latest
 
 
 def run_dapo(config: DictConfig) -> None:
@@ -137,6 +136,8 @@ def run_dapo(config: DictConfig) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
+
+    from recipe.dapo.resume import prepare_metrics
 
     # ---- setup: the DAPO settings first, as the embedded engine reads them first (the same message for a bad value)
     try:
@@ -148,13 +149,14 @@ def run_dapo(config: DictConfig) -> None:
         from recipe.common.rundir import lock_run_dir
 
         lock_run_dir(Path(os.path.expanduser(str(run_dir))))
-    check_inputs(config)
+    resumed = check_inputs(config)
     auto_set_device(config)
     try:
         validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     except (ValueError, AssertionError) as err:  # verl's checks name the key; say it in one line
         raise ConfigError(f"{err}".strip() or f"verl's validate_config rejected the config ({type(err).__name__})") \
             from None
+    prepare_metrics(config, resumed)  # metrics.jsonl: the records up to the resumed step, each once
     # ---- training and cleanup: verl's V1 task runner; the trainer class comes from trainer.v1.trainer_mode ----
     run_ppo(config, task_runner_class=TaskRunnerV1)
 

@@ -12,7 +12,10 @@ It registers, each in verl's own registry:
 
 * the policy loss ``dapo`` (``actor_rollout_ref.actor.policy_loss.loss_mode=dapo``), used by the actor workers;
 * the reward-loop manager ``dapo_paper`` (``reward.reward_manager.name=dapo_paper``), used by the reward workers;
-* the V1 trainer ``dapo`` (``trainer.v1.trainer_mode=dapo``), used by verl's TaskRunner.
+* the V1 trainer ``dapo`` (``trainer.v1.trainer_mode=dapo``), used by verl's TaskRunner;
+
+and makes verl's ``file`` logger append to the records a resumed run keeps (``recipe.dapo.resume``, a checked
+runtime patch of verl 0.9.1's ``FileLogger``).
 
 verl swallows exceptions from entry points (they are logged at DEBUG level), so a failure is logged here as a
 warning that names the fix before it propagates.
@@ -24,6 +27,9 @@ import logging
 
 try:
     from recipe.dapo import policy_loss, reward_manager, trainer  # noqa: F401  (registration on import)
+    from recipe.dapo.resume import patch_file_logger_append
+
+    patch_file_logger_append()
 except Exception:
     logging.getLogger(__name__).warning(
         "the DAPO verl plugin (recipe.dapo.plugin) failed to import, so the 'dapo' policy loss, the 'dapo_paper' "

@@ -19,10 +19,7 @@ from __future__ import annotations
 import os
 import random
 import re
-import json
 import shutil
-import struct
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -129,39 +126,23 @@ def find_latest(run_dir: Path) -> Path | None:
 
 
 def damage(checkpoint: Path) -> str | None:
-    """What is wrong with a checkpoint's files (``None``: intact), read from their structure, not their content:
-    ``trainer_state.pt`` is a zip archive whose directory sits at its end, a ``.safetensors`` file declares in its
-    header where every tensor ends, so a cut-short file of either kind is found without loading it."""
+    """What is wrong with a checkpoint's files (``None``: intact), from their structure
+    (:mod:`recipe.common.integrity`): a cut-short ``trainer_state.pt`` or ``model.safetensors`` is found without
+    loading it."""
+    from recipe.common.integrity import file_damage
+
     state = checkpoint / STATE_FILE
     if not state.is_file():
         return f"{STATE_FILE} is missing"
-    try:
-        with zipfile.ZipFile(state) as archive:
-            archive.infolist()
-    except (zipfile.BadZipFile, OSError) as err:
-        return f"{state} is damaged ({err})"
+    problem = file_damage(state)
+    if problem:
+        return problem
     for weights in sorted((checkpoint / "actor").glob("*.safetensors")):
-        problem = _safetensors_damage(weights)
+        problem = file_damage(weights)
         if problem:
-            return f"{weights} is damaged ({problem})"
+            return problem
     if not any((checkpoint / "actor").glob("*.safetensors")) and not any((checkpoint / "actor").glob("*.bin")):
         return f"{checkpoint / 'actor'} holds no model weights"
-    return None
-
-
-def _safetensors_damage(path: Path) -> str | None:
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            header_len = struct.unpack("<Q", f.read(8))[0]
-            if 8 + header_len > size:
-                return f"its header claims {header_len} bytes, the file has {size}"
-            header = json.loads(f.read(header_len))
-    except (struct.error, ValueError, UnicodeDecodeError) as err:
-        return f"unreadable header: {err}"
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    if 8 + header_len + end != size:
-        return f"{size} bytes, its header describes {8 + header_len + end}"
     return None
 
 

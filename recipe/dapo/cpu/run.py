@@ -55,7 +55,11 @@ def main(overrides: list[str]) -> int:
     env.setdefault("WANDB_DIR", str(out))
     print(f"verl-cpu: model and data from {assets}; run directory {out}", flush=True)
     command = [sys.executable, "-m", "recipe.dapo.main_dapo", f"+experiment={EXPERIMENT}", *overrides]
-    code = subprocess.call(command, env=env)
+    child = subprocess.Popen(command, env=env)
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:  # Ctrl-C reaches both processes: main_dapo says it in one line, then exits 130
+        code = child.wait()
     print(
         f"verl-cpu: exit {code}\n"
         f"  metrics (one JSON line per step): {env['VERL_FILE_LOGGER_PATH']}\n"

@@ -1,0 +1,159 @@
+"""What a verl run resumes from, decided in the driver before Ray starts: the newest *intact* checkpoint, and a
+``metrics.jsonl`` that holds each step once.
+
+verl 0.9.1 resumes whatever ``latest_checkpointed_iteration.txt`` names (``trainer.resume_mode=auto``), damaged or
+not, and its ``file`` logger opens its file with ``"wb"``, so a resumed run loses the records of the steps before
+the restart (``verl/utils/tracking.py:FileLogger``). Here, as in the embedded engine:
+
+- :func:`choose_checkpoint` checks the tracked checkpoint's files (:mod:`recipe.common.integrity`) and, when one
+  is damaged (a file cut short by a kill during the save, a disk that filled up), names it and points verl at the
+  newest intact one (``trainer.resume_mode=resume_path``, ``trainer.resume_from_path``);
+- :func:`trim_metrics` keeps the records of the steps up to the resumed checkpoint and drops those a killed run
+  logged after it (they are trained and logged again), and :func:`patch_file_logger_append` makes verl's file
+  logger append to what is kept.
+
+What a resume keeps in each trainer mode is in ``docs/testing.md`` ("Resume").
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from dapo.settings import ConfigError
+
+TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker file
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def checkpoint_damage(checkpoint: Path) -> str | None:
+    """What is wrong with a verl ``global_step_N`` directory (``None``: intact)."""
+    from recipe.common.integrity import directory_damage
+
+    return directory_damage(checkpoint, required=("actor", "data.pt"))
+
+
+def choose_checkpoint(config: DictConfig, log=print) -> Path | None:
+    """The checkpoint this run resumes from (``None``: it starts at step 0); re-points ``config`` at the newest
+    intact checkpoint when the tracked one is damaged. Only ``resume_mode=auto`` on a local directory is
+    decided here; ``resume_path`` and ``disable`` are verl's as given."""
+    mode = OmegaConf.select(config, "trainer.resume_mode", default="auto")
+    run_dir = OmegaConf.select(config, "trainer.default_local_dir", default=None)
+    if mode == "resume_path":
+        path = OmegaConf.select(config, "trainer.resume_from_path", default=None)
+        return Path(path) if path else None
+    if mode != "auto" or not run_dir or "://" in str(run_dir):
+        return None
+    run_dir = Path(os.path.expanduser(str(run_dir)))
+    tracker = run_dir / TRACKER
+    if not tracker.is_file():
+        return None
+    tracked = run_dir / f"global_step_{tracker.read_text().strip()}"
+    steps = sorted((int(m.group(1)) for p in run_dir.iterdir() if (m := _STEP_DIR.match(p.name))), reverse=True)
+    candidates = [tracked] + [run_dir / f"global_step_{s}" for s in steps if run_dir / f"global_step_{s}" != tracked]
+    for candidate in candidates:
+        if not candidate.is_dir():
+            continue
+        problem = checkpoint_damage(candidate)
+        if problem is None:
+            if candidate != tracked:
+                log(f"resuming from {candidate}, the newest intact checkpoint")
+                with open_dict(config):
+                    config.trainer.resume_mode = "resume_path"
+                    config.trainer.resume_from_path = str(candidate)
+            return candidate
+        log(f"warning: checkpoint {candidate} is damaged and skipped: {problem}")
+    raise ConfigError(
+        f"every checkpoint in {run_dir} is damaged ({', '.join(c.name for c in candidates)}); set "
+        "trainer.resume_mode=disable to start over there, or trainer.default_local_dir=<new directory>"
+    )
+
+
+def metrics_path(config: DictConfig) -> Path | None:
+    """Where verl's ``file`` logger writes (``VERL_FILE_LOGGER_PATH``), when this run logs to a file."""
+    loggers = OmegaConf.select(config, "trainer.logger", default=[]) or []
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+    path = os.environ.get("VERL_FILE_LOGGER_PATH")
+    if "file" not in loggers or not path:
+        return None
+    return Path(path)
+
+
+def trim_metrics(path: Path, resumed_step: int) -> int:
+    """Keep the records of steps ``<= resumed_step`` (0: none) in verl's ``{"step", "data"}`` lines; return how
+    many were dropped. A line cut short by a kill is dropped too."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            dropped += 1
+            continue
+        if step <= resumed_step:
+            kept.append(line)
+        else:
+            dropped += 1
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    os.replace(tmp, path)
+    return dropped
+
+
+def step_of(checkpoint: Path | None) -> int:
+    match = _STEP_DIR.match(checkpoint.name) if checkpoint is not None else None
+    return int(match.group(1)) if match else 0
+
+
+def prepare_metrics(config: DictConfig, resumed: Path | None) -> None:
+    """:func:`trim_metrics` to the step of the checkpoint :func:`choose_checkpoint` chose (the driver, before Ray,
+    once every check has passed)."""
+    path = metrics_path(config)
+    if path is not None and OmegaConf.select(config, "trainer.resume_mode", default="auto") != "disable":
+        dropped = trim_metrics(path, step_of(resumed))
+        if dropped:
+            print(f"{path}: dropped {dropped} records after step {step_of(resumed)} (logged by the run that "
+                  "stopped; they are trained and logged again)")
+    elif path is not None and path.is_file():
+        path.unlink()  # resume_mode=disable starts over: so does its metrics file
+
+
+def patch_file_logger_append() -> None:
+    """Runtime patch of ``verl/utils/tracking.py:FileLogger.__init__`` (verl 0.9.1): open the metrics file with
+    ``"ab"`` instead of ``"wb"``, so that the records :func:`prepare_resume` kept survive the restart. The
+    replacement is verl's ``__init__`` with that one change; checked: verl's must still open the file with
+    ``"wb"`` at ``self.filepath``, else this raises naming what moved."""
+    from verl.utils import tracking
+
+    logger_cls = tracking.FileLogger
+    if getattr(logger_cls.__init__, "_dapo_append", False):
+        return
+    source = inspect.getsource(logger_cls.__init__)
+    if 'open(self.filepath, "wb", buffering=0)' not in source or "VERL_FILE_LOGGER_PATH" not in source:
+        raise RuntimeError(
+            "verl/utils/tracking.py:FileLogger.__init__ no longer opens VERL_FILE_LOGGER_PATH with 'wb' (the DAPO "
+            "recipe patches it to append for verl 0.9.1, so a resumed run keeps its earlier records): check the "
+            "installed verl against the pinned 0.9.1 and update recipe/dapo/resume.py"
+        )
+
+    def __init__(self, project_name: str, experiment_name: str):  # verl 0.9.1's, appending
+        self.project_name, self.experiment_name = project_name, experiment_name
+        self.filepath = os.getenv("VERL_FILE_LOGGER_PATH", None)
+        if self.filepath is None:
+            directory = os.path.join(os.path.expanduser(os.getenv("VERL_FILE_LOGGER_ROOT", ".")), project_name)
+            os.makedirs(directory, exist_ok=True)
+            self.filepath = os.path.join(directory, f"{experiment_name}.jsonl")
+            mode = "wb"  # verl's default path, which prepare_resume does not trim: verl's behaviour
+        else:
+            mode = "ab"  # VERL_FILE_LOGGER_PATH: trimmed to the resumed step by prepare_resume, before Ray
+        print(f"Creating file logger at {os.path.abspath(self.filepath)}")
+        self.fp = open(self.filepath, mode, buffering=0)
+
+    __init__._dapo_append = True
+    logger_cls.__init__ = __init__
