@@ -295,3 +295,13 @@ def test_verl_metrics_keep_each_step_once_across_a_restart(tmp_path, monkeypatch
     second.finish()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["step"], r["data"]["x"]) for r in records] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+
+
+def test_a_model_path_that_does_not_exist_is_refused_on_both_entry_points(tiny_run, tmp_path, capsys):
+    missing = tmp_path / "no-model"
+    assert cli.main([*tiny_run(), f"actor_rollout_ref.model.path={missing}"]) == 2
+    assert f"cannot load actor_rollout_ref.model.path={str(missing)!r}" in capsys.readouterr().err
+    args = ["--config-name", "dapo_trainer", *_verl_args(tmp_path, tmp_path / "run",
+                                                          f"actor_rollout_ref.model.path={missing}")]
+    assert cli.main(args) == 2
+    assert f"actor_rollout_ref.model.path={str(missing)!r}: no such directory" in capsys.readouterr().err

@@ -266,6 +266,50 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
     assert "DAPO sampler state restored from" in console
 
 
+def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tmp):
+    """SIGINT to the whole process group, as Ctrl-C in a terminal sends it, once the step-1 checkpoint is on disk:
+    exit 130 within a minute with one line and no traceback; the same command resumes, and ``metrics.jsonl``
+    holds each step once. The first run is asked to log to W&B online, at a server that refuses connections: it
+    says so, trains offline, and keeps the offline run."""
+    run_dir = own_tmp / "interrupted"
+    run_dir.mkdir()
+    total = 3
+    common = {"trainer.total_training_steps": total, "trainer.save_freq": 1, "trainer.test_freq": -1,
+              "trainer.val_before_train": False}
+    online = {**_env(run_dir), "WANDB_MODE": "online", "WANDB_API_KEY": "x" * 40,
+              "WANDB_BASE_URL": f"http://127.0.0.1:{_free_port()}"}  # nothing listens there
+    with open(run_dir / "console.log", "w") as log:
+        first = subprocess.Popen([str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
+                                 cwd=REPO, env=online, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        tracker = run_dir / "latest_checkpointed_iteration.txt"
+        try:
+            _wait_for(lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 1, first,
+                      RUN_TIMEOUT_S, "the step-1 checkpoint")
+            os.killpg(first.pid, signal.SIGINT)
+            sent = time.monotonic()
+            first.wait(timeout=120)
+            waited = time.monotonic() - sent
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+    _kill_ray_processes(_ray_temp_dir(run_dir))
+    console = (run_dir / "console.log").read_text()
+    assert first.returncode == 130, console[-3000:]
+    assert waited < 60, f"Ctrl-C took {waited:.0f} s to end the run"
+    assert console.count(f"main_dapo: interrupted; the checkpoints in {run_dir} are kept") == 1
+    assert "Traceback" not in console and "KeyboardInterrupt" not in console
+    assert int(tracker.read_text()) < total, "the run finished before it was interrupted"
+    assert "W&B is offline (http://127.0.0.1:" in console and "unreachable: ConnectionRefusedError" in console
+    assert list((run_dir / "wandb").glob("offline-run-*")), "no offline W&B run kept"
+
+    (run_dir / "console.log").rename(run_dir / "console-first.log")
+    proc = train(run_dir, **common)
+    assert proc.returncode == 0, _tail(run_dir)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, total + 1)), f"metrics.jsonl holds steps {steps}"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:

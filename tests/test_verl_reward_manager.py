@@ -163,3 +163,25 @@ def test_verl_loader_builds_it_with_the_papers_scorer(char_tokenizer):
     assert isinstance(manager, DAPOPaperRewardManager)
     assert manager.compute_score is dapo_compute_score
     assert run(manager, item(char_tokenizer, "Answer: 42", "42"))["reward_extra_info"]["acc"] is True
+
+
+@pytest.mark.parametrize("scorer, fragment", [
+    (lambda **kw: 1 / 0, "raised ZeroDivisionError: division by zero on the row data_source='math_dapo'"),
+    (lambda **kw: float("nan"), "returned nan on the row data_source='math_dapo'"),
+    (lambda **kw: {"acc": True}, "returned {'acc': True} on the row"),
+    (lambda **kw: __import__("time").sleep(3), "did not return within dapo.reward_timeout_s=0.5 s on the row"),
+], ids=["raises", "nan", "no-score", "hangs"])
+def test_a_failing_reward_function_stops_the_run_naming_the_row(char_tokenizer, scorer, fragment):
+    """What the embedded engine's ``CheckedReward`` does, in verl's reward workers: a scorer that raises, returns no
+    finite score or hangs past ``dapo.reward_timeout_s`` raises ``RunStopped`` naming itself, the row and the value
+    (the entry points print it in one line)."""
+    from recipe.common.rundir import RunStopped, stopped_message
+
+    config = make_config()
+    config.dapo = {"reward_timeout_s": 0.5}
+    manager = DAPOPaperRewardManager(config, char_tokenizer, scorer)
+    with pytest.raises(RunStopped) as stopped:
+        run(manager, item(char_tokenizer, "Answer: 3", "3"))
+    assert fragment in str(stopped.value) and "ground truth '3', response 'Answer: 3'" in str(stopped.value)
+    assert stopped_message(RuntimeError(f"remote traceback\nrecipe.common.rundir.RunStopped: {stopped.value}")) \
+        == str(stopped.value)  # as it reaches the driver inside Ray's error text

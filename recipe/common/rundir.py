@@ -28,6 +28,20 @@ class RunStopped(RuntimeError):
     line naming what failed and where; the entry points print it without a traceback and exit 1. The last
     checkpoint written before it is intact."""
 
+
+def stopped_message(err: BaseException) -> str | None:
+    """The :class:`RunStopped` message inside ``err``: the error itself, its cause chain, or the text of an error
+    that carried it across processes (Ray's ``RayTaskError`` holds the remote error as text)."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, RunStopped):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    for line in reversed(str(err).splitlines()):
+        if "RunStopped: " in line:
+            return line.split("RunStopped: ", 1)[1].strip()
+    return None
+
 _held: dict[Path, int] = {}  # run directory -> the lock file's descriptor, for the life of this process
 
 

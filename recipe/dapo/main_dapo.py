@@ -127,7 +127,23 @@ def check_inputs(config: DictConfig) -> Path | None:
     latest = choose_checkpoint(config)  # the newest intact checkpoint (a damaged one is named and skipped)
     if latest is not None and latest.is_dir():
         check_same_run(latest, run_identity(config))
+    for key in ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path"):
+        check_model_path(key, select(key))
     return latest
+
+
+def check_model_path(key: str, path) -> None:
+    """A local model path must exist; ``org/name`` is a hub id, left to the loader (remote paths too)."""
+    if not path or "://" in str(path):
+        return
+    text = str(path)
+    hub_id = text.count("/") == 1 and not text.startswith(("/", "~", ".")) and not os.path.exists(text)
+    if hub_id or os.path.exists(os.path.expanduser(text)):
+        return
+    from dapo.settings import ConfigError
+
+    raise ConfigError(f"{key}={text!r}: no such directory; point it at a model saved with save_pretrained (or a "
+                      "hub id org/name where the hub is reachable)")
 
 
 def run_dapo(config: DictConfig) -> None:
@@ -137,6 +153,7 @@ def run_dapo(config: DictConfig) -> None:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    from recipe.common.tracking import fall_back_to_offline
     from recipe.dapo.resume import prepare_metrics
 
     # ---- setup: the DAPO settings first, as the embedded engine reads them first (the same message for a bad value)
@@ -157,6 +174,9 @@ def run_dapo(config: DictConfig) -> None:
         raise ConfigError(f"{err}".strip() or f"verl's validate_config rejected the config ({type(err).__name__})") \
             from None
     prepare_metrics(config, resumed)  # metrics.jsonl: the records up to the resumed step, each once
+    # W&B: verl's Tracking calls wandb.init online in a Ray worker, which waits up to 90 s and then fails the run
+    # when the server does not answer; decided here instead, with a bounded probe (offline if it fails)
+    fall_back_to_offline(OmegaConf.select(config, "trainer.logger", default=[]), run_dir or ".")
     # ---- training and cleanup: verl's V1 task runner; the trainer class comes from trainer.v1.trainer_mode ----
     run_ppo(config, task_runner_class=TaskRunnerV1)
 
@@ -172,6 +192,15 @@ def main(config: DictConfig) -> None:
         print(f"main_dapo: interrupted; the checkpoints in {config.trainer.default_local_dir} are kept: run the "
               "same command to resume from the latest", file=sys.stderr)
         sys.exit(130)
+    except Exception as err:  # a RunStopped raised in a Ray worker (a failing reward function) arrives wrapped
+        from recipe.common.rundir import stopped_message
+
+        message = stopped_message(err)
+        if message is None:
+            raise
+        print(f"main_dapo: stopped: {message}; the checkpoints in {config.trainer.default_local_dir} are kept",
+              file=sys.stderr)
+        sys.exit(1)
 
 
 def _precompose(argv: list[str]) -> None:

@@ -28,6 +28,7 @@ Where it differs from verl's, deliberately:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any
 
@@ -55,6 +56,11 @@ class DAPOPaperRewardManager(RewardManagerBase):
         if compute_score is None or compute_score is default_compute_score:
             compute_score = dapo_compute_score
         self.compute_score = compute_score
+        custom = OmegaConf.select(config, "reward.custom_reward_function.path", default=None)
+        self.label = (f"reward.custom_reward_function ({custom}:"
+                      f"{OmegaConf.select(config, 'reward.custom_reward_function.name', default=None) or 'compute_score'})"
+                      if custom else f"the reward function {getattr(compute_score, '__module__', '?')}."
+                      f"{getattr(compute_score, '__name__', repr(compute_score))}")
         self.is_async_reward_score = inspect.iscoroutinefunction(compute_score)
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
@@ -70,6 +76,30 @@ class DAPOPaperRewardManager(RewardManagerBase):
         self.overlong_buffer_len = self.overlong.buffer_len
         self.overlong_penalty_factor = self.overlong.penalty_factor
         self.max_resp_len = self.overlong.max_resp_len
+
+    async def _score(self, call: dict):
+        """One call of the scorer, stopped with :class:`RunStopped` (naming the function, the row and what went
+        wrong) when it raises, returns no finite score or takes longer than ``dapo.reward_timeout_s``."""
+        from recipe.common.rundir import RunStopped
+        from recipe.embedded.checks import describe_row, result_problem
+
+        timeout = OmegaConf.select(self.config, "dapo.reward_timeout_s", default=None)
+        try:
+            if self.is_async_reward_score:
+                pending = self.compute_score(**call)
+            else:
+                pending = self.loop.run_in_executor(None, lambda: self.compute_score(**call))
+            result = await asyncio.wait_for(pending, timeout)
+        except asyncio.TimeoutError:
+            raise RunStopped(f"{self.label} did not return within dapo.reward_timeout_s={timeout:g} s on the row "
+                             f"{describe_row(call)}; fix the function (or raise the limit)") from None
+        except Exception as err:  # noqa: BLE001 - the user's function: named with its row, not traced back
+            raise RunStopped(f"{self.label} raised {type(err).__name__}: {err} on the row {describe_row(call)}; "
+                             "fix the function") from None
+        problem = result_problem(result)
+        if problem:
+            raise RunStopped(f"{self.label} returned {result!r} on the row {describe_row(call)}; {problem}")
+        return result
 
     async def run_single(self, data: DataProto) -> dict:
         data_item = data[-1:][0]  # an agent loop with several outputs is scored on its last one, as verl does
@@ -91,10 +121,7 @@ class DAPOPaperRewardManager(RewardManagerBase):
         )
         call = dict(data_source=data_source, solution_str=response_str, ground_truth=ground_truth,
                     extra_info=extra_info, **extra_kwargs)
-        if self.is_async_reward_score:
-            result = await self.compute_score(**call)
-        else:
-            result = await self.loop.run_in_executor(None, lambda: self.compute_score(**call))
+        result = await self._score(call)
 
         reward_extra_info = dict(result) if isinstance(result, dict) else {"score": result}
         if "score" not in reward_extra_info:

@@ -118,6 +118,22 @@ def first_row(files) -> dict | None:
 # ---------------------------------------------------------------------------------------------------- reward
 
 
+def describe_row(call: dict) -> str:
+    """A response's row in words, for an error: its data source, ground truth and the start of the response."""
+    response = str(call.get("solution_str", ""))
+    excerpt = response if len(response) <= 80 else response[:77] + "..."
+    return (f"data_source={call.get('data_source')!r}, ground truth {call.get('ground_truth')!r}, "
+            f"response {excerpt!r}")
+
+
+def result_problem(result) -> str | None:
+    """Why a reward function's result cannot be used (``None``: a finite number, or a dict with a finite
+    ``score``)."""
+    if _finite_score(result) is None:
+        return "a reward must be a finite number or a dict with a finite 'score'. Fix the function"
+    return None
+
+
 def _finite_score(result) -> float | None:
     """The score of one call's result if it is a finite number, else ``None``."""
     value = result.get("score") if isinstance(result, dict) else result
@@ -138,8 +154,7 @@ class CheckedReward:
         self.fn, self.label, self.timeout_s = fn, label, timeout_s
 
     def _row(self, data_source, solution_str, ground_truth) -> str:
-        excerpt = solution_str if len(solution_str) <= 80 else solution_str[:77] + "..."
-        return f"data_source={data_source!r}, ground truth {ground_truth!r}, response {excerpt!r}"
+        return describe_row({"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth})
 
     def __call__(self, data_source, solution_str, ground_truth, extra_info=None, **kwargs):
         try:

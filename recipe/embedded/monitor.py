@@ -13,19 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import netrc
 import os
-import socket
-import threading
 import uuid
-from urllib.parse import urlparse
 from pathlib import Path
+
+from recipe.common.tracking import WANDB_CONNECT_TIMEOUT_S, WANDB_INIT_TIMEOUT_S
+from recipe.common.tracking import has_wandb_credentials as _has_wandb_credentials
+from recipe.common.tracking import wandb_unreachable as _wandb_unreachable
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-WANDB_CONNECT_TIMEOUT_S = 10  # name lookup + TCP connection to the W&B server
-WANDB_INIT_TIMEOUT_S = 30  # wandb.init online, once the server answered
 PLOTS = {  # file name -> (title, [(y-axis label, metric names drawn), ...]: one panel each, sharing the step axis)
     "reward_accuracy.png": ("reward and accuracy", [
         ("score, -1 wrong / +1 right (-1 to 1)", ("critic/score/mean",)),
@@ -37,35 +35,6 @@ PLOTS = {  # file name -> (title, [(y-axis label, metric names drawn), ...]: one
         ("kept groups / generated groups (0 to 1)", ("dapo/kept_group_frac",)),
     ]),
 }
-
-
-def _has_wandb_credentials() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
-def _wandb_unreachable(timeout: float) -> str | None:
-    """Why the W&B server cannot be reached within ``timeout`` seconds (``None``: it accepted a connection). The
-    lookup and the connection run in a thread, since a name lookup does not honour socket timeouts."""
-    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
-    port = url.port or (443 if url.scheme == "https" else 80)
-    outcome: list[str | None] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection((url.hostname, port), timeout=timeout).close()
-            outcome.append(None)
-        except OSError as err:
-            outcome.append(f"{type(err).__name__}: {err}")
-
-    thread = threading.Thread(target=connect, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
