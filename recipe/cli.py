@@ -100,14 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as err:  # a full disk, a failing reward function: named, no traceback
         print(f"dapo-train: stopped: {err}", file=sys.stderr)
         return 1
-    except Exception as err:  # the verl engine: a RunStopped from a Ray worker arrives wrapped in Ray's error
-        from recipe.common.rundir import stopped_message
+    except Exception as err:  # the verl engine: an error of ours from a Ray worker arrives wrapped in Ray's
+        from recipe.common.rundir import carried_error
 
-        message = stopped_message(err)
-        if message is None:
+        carried = carried_error(err)
+        if carried is None:
             raise
-        print(f"dapo-train: stopped: {message}", file=sys.stderr)
-        return 1
+        kind, message = carried
+        print(f"dapo-train: {kind}: {message}", file=sys.stderr)
+        return 1 if kind == "stopped" else 2
     except KeyboardInterrupt:
         run_dir = OmegaConf.select(cfg, "trainer.default_local_dir", default="the run directory")
         print(f"dapo-train: interrupted; the checkpoints in {run_dir} are kept: run the same command to resume from "

@@ -305,3 +305,23 @@ def test_a_model_path_that_does_not_exist_is_refused_on_both_entry_points(tiny_r
                                                           f"actor_rollout_ref.model.path={missing}")]
     assert cli.main(args) == 2
     assert f"actor_rollout_ref.model.path={str(missing)!r}: no such directory" in capsys.readouterr().err
+
+
+def test_an_error_of_ours_from_a_ray_worker_is_found_inside_rays_error():
+    """What the entry points print in one line when a Ray worker raised :class:`RunStopped` or ``ConfigError``:
+    Ray hands back a ``RayTaskError(X)`` that is also an X, whose text is the remote traceback."""
+    import ray.exceptions
+
+    from dapo.settings import ConfigError
+    from recipe.common.rundir import RunStopped, carried_error
+
+    for error, kind in ((RunStopped("a reward function returned nan"), "stopped"),
+                        (ConfigError("step 3: dynamic sampling has 0 of 4 groups"), "error")):
+        try:
+            raise error
+        except Exception as raised:  # noqa: BLE001
+            wrapped = ray.exceptions.RayTaskError("run", f"Traceback ...\n{type(raised).__name__}: {raised}",
+                                                  raised).as_instanceof_cause()
+        assert carried_error(wrapped) == (kind, str(error))
+        assert carried_error(RuntimeError(f"remote\n{type(error).__name__}: {error}")) == (kind, str(error))
+    assert carried_error(RuntimeError("something else")) is None

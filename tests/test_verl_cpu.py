@@ -269,7 +269,8 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
 def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tmp):
     """SIGINT to the whole process group, as Ctrl-C in a terminal sends it, once the step-1 checkpoint is on disk:
     exit 130 within a minute with one line and no traceback; the same command resumes, and ``metrics.jsonl``
-    holds each step once. The first run is asked to log to W&B online, at a server that refuses connections: it
+    holds each step once; started again with a larger ``trainer.total_training_steps`` the finished run continues.
+    The first run is asked to log to W&B online, at a server that refuses connections: it
     says so, trains offline, and keeps the offline run."""
     run_dir = own_tmp / "interrupted"
     run_dir.mkdir()
@@ -308,6 +309,35 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tm
     assert proc.returncode == 0, _tail(run_dir)
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, total + 1)), f"metrics.jsonl holds steps {steps}"
+
+    # the finished run, started again with one more step: it continues from its last checkpoint
+    proc = train(run_dir, **{**common, "trainer.total_training_steps": total + 1})
+    assert proc.returncode == 0, _tail(run_dir)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, total + 2)), f"metrics.jsonl holds steps {steps} after the extension"
+
+
+def test_a_reward_function_failing_in_a_ray_worker_stops_the_run_in_one_line(own_tmp):
+    """A custom reward function that passes the driver's start-up probe and returns NaN inside verl's reward
+    worker: the run stops with exit 1 and one line naming the function, the row and the value, no traceback."""
+    run_dir = own_tmp / "bad-reward"
+    run_dir.mkdir()
+    scorer = own_tmp / "scorer.py"
+    scorer.write_text("calls = 0\n"
+                      "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+                      "    global calls\n"
+                      "    calls += 1\n"
+                      "    return 1.0 if calls <= 2 else float('nan')  # each process probes or scores twice first\n")
+    proc = train(run_dir, **{"trainer.total_training_steps": 2, "trainer.val_before_train": False,
+                             "reward.custom_reward_function.path": str(scorer)})
+    _kill_ray_processes(_ray_temp_dir(run_dir))
+    console = (run_dir / "console.log").read_text()
+    assert proc.returncode == 1, console[-3000:]
+    stopped = [line for line in console.splitlines() if line.startswith("main_dapo: stopped: ")]
+    assert len(stopped) == 1, console[-3000:]
+    assert f"reward.custom_reward_function ({scorer}:compute_score) returned nan on the row data_source=" \
+        in stopped[0]
+    assert "Traceback" not in console.split(stopped[0])[1]  # nothing after the one line
 
 
 # ---------------------------------------------------------------------------------------------------------------

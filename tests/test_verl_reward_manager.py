@@ -175,7 +175,7 @@ def test_a_failing_reward_function_stops_the_run_naming_the_row(char_tokenizer, 
     """What the embedded engine's ``CheckedReward`` does, in verl's reward workers: a scorer that raises, returns no
     finite score or hangs past ``dapo.reward_timeout_s`` raises ``RunStopped`` naming itself, the row and the value
     (the entry points print it in one line)."""
-    from recipe.common.rundir import RunStopped, stopped_message
+    from recipe.common.rundir import RunStopped, carried_error
 
     config = make_config()
     config.dapo = {"reward_timeout_s": 0.5}
@@ -183,5 +183,5 @@ def test_a_failing_reward_function_stops_the_run_naming_the_row(char_tokenizer, 
     with pytest.raises(RunStopped) as stopped:
         run(manager, item(char_tokenizer, "Answer: 3", "3"))
     assert fragment in str(stopped.value) and "ground truth '3', response 'Answer: 3'" in str(stopped.value)
-    assert stopped_message(RuntimeError(f"remote traceback\nrecipe.common.rundir.RunStopped: {stopped.value}")) \
-        == str(stopped.value)  # as it reaches the driver inside Ray's error text
+    carried = RuntimeError(f"remote traceback\nrecipe.common.rundir.RunStopped: {stopped.value}")  # Ray's text
+    assert carried_error(carried) == ("stopped", str(stopped.value))

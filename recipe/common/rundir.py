@@ -29,18 +29,54 @@ class RunStopped(RuntimeError):
     checkpoint written before it is intact."""
 
 
-def stopped_message(err: BaseException) -> str | None:
-    """The :class:`RunStopped` message inside ``err``: the error itself, its cause chain, or the text of an error
-    that carried it across processes (Ray's ``RayTaskError`` holds the remote error as text)."""
+STOP_FILE = ".stopped"  # why a worker stopped the run, for the process that can end it (verl's sampler)
+
+
+def record_stop(run_dir, message: str) -> None:
+    """Leave ``message`` in ``run_dir`` for another process of the run: verl's agent loop turns an error in the
+    reward worker into a failed rollout (logged, not raised), so the sampler reads the reason from here and stops
+    the run with it. Best effort: a run directory this node cannot write (another node's disk) is skipped."""
+    if not run_dir or "://" in str(run_dir):
+        return
+    try:
+        path = Path(os.path.expanduser(str(run_dir))) / STOP_FILE
+        if not path.exists():
+            path.write_text(message)
+    except OSError:
+        pass
+
+
+def read_stop(run_dir) -> str | None:
+    path = Path(os.path.expanduser(str(run_dir))) / STOP_FILE if run_dir and "://" not in str(run_dir) else None
+    return path.read_text() if path is not None and path.is_file() else None
+
+
+def clear_stop(run_dir) -> None:
+    if run_dir and "://" not in str(run_dir):
+        (Path(os.path.expanduser(str(run_dir))) / STOP_FILE).unlink(missing_ok=True)
+
+
+def carried_error(err: BaseException) -> tuple[str, str] | None:
+    """``("stopped", message)`` for a :class:`RunStopped`, ``("error", message)`` for a
+    :class:`~dapo.settings.ConfigError`, found in ``err``, its cause chain, or the text of an error that carried it
+    across processes (Ray's ``RayTaskError`` holds the remote error as text); ``None`` for anything else."""
     seen = err
     while seen is not None:
+        original = getattr(seen, "cause", None)  # Ray's RayTaskError(X) is also an X; its .cause is the X raised
+        if isinstance(original, BaseException) and original is not seen:
+            seen = original
+            continue
         if isinstance(seen, RunStopped):
-            return str(seen)
+            return "stopped", str(seen)
+        if isinstance(seen, ConfigError):
+            return "error", str(seen)
         seen = seen.__cause__ or seen.__context__
     for line in reversed(str(err).splitlines()):
-        if "RunStopped: " in line:
-            return line.split("RunStopped: ", 1)[1].strip()
+        for name, kind in (("RunStopped: ", "stopped"), ("ConfigError: ", "error")):
+            if name in line:
+                return kind, line.split(name, 1)[1].strip()
     return None
+
 
 _held: dict[Path, int] = {}  # run directory -> the lock file's descriptor, for the life of this process
 

@@ -163,9 +163,10 @@ def run_dapo(config: DictConfig) -> None:
         raise ConfigError(str(err).strip()) from None
     run_dir = OmegaConf.select(config, "trainer.default_local_dir", default=None)
     if run_dir and "://" not in str(run_dir):  # one run per directory, held by this driver until it exits
-        from recipe.common.rundir import lock_run_dir
+        from recipe.common.rundir import clear_stop, lock_run_dir
 
         lock_run_dir(Path(os.path.expanduser(str(run_dir))))
+        clear_stop(run_dir)  # a reason left by a worker of an earlier run of this directory
     resumed = check_inputs(config)
     auto_set_device(config)
     try:
@@ -192,15 +193,15 @@ def main(config: DictConfig) -> None:
         print(f"main_dapo: interrupted; the checkpoints in {config.trainer.default_local_dir} are kept: run the "
               "same command to resume from the latest", file=sys.stderr)
         sys.exit(130)
-    except Exception as err:  # a RunStopped raised in a Ray worker (a failing reward function) arrives wrapped
-        from recipe.common.rundir import stopped_message
+    except Exception as err:  # raised in a Ray worker (a failing reward function, a starved sampler): wrapped
+        from recipe.common.rundir import carried_error
 
-        message = stopped_message(err)
-        if message is None:
+        carried = carried_error(err)
+        if carried is None:
             raise
-        print(f"main_dapo: stopped: {message}; the checkpoints in {config.trainer.default_local_dir} are kept",
-              file=sys.stderr)
-        sys.exit(1)
+        kind, message = carried
+        print(f"main_dapo: {kind}: {message}", file=sys.stderr)
+        sys.exit(1 if kind == "stopped" else 2)
 
 
 def _precompose(argv: list[str]) -> None:

@@ -80,8 +80,10 @@ class DAPOPaperRewardManager(RewardManagerBase):
     async def _score(self, call: dict):
         """One call of the scorer, stopped with :class:`RunStopped` (naming the function, the row and what went
         wrong) when it raises, returns no finite score or takes longer than ``dapo.reward_timeout_s``."""
-        from recipe.common.rundir import RunStopped
+        from recipe.common.rundir import RunStopped, record_stop
         from recipe.embedded.checks import describe_row, result_problem
+
+        run_dir = OmegaConf.select(self.config, "trainer.default_local_dir", default=None)
 
         timeout = OmegaConf.select(self.config, "dapo.reward_timeout_s", default=None)
         try:
@@ -91,15 +93,17 @@ class DAPOPaperRewardManager(RewardManagerBase):
                 pending = self.loop.run_in_executor(None, lambda: self.compute_score(**call))
             result = await asyncio.wait_for(pending, timeout)
         except asyncio.TimeoutError:
-            raise RunStopped(f"{self.label} did not return within dapo.reward_timeout_s={timeout:g} s on the row "
-                             f"{describe_row(call)}; fix the function (or raise the limit)") from None
+            message = (f"{self.label} did not return within dapo.reward_timeout_s={timeout:g} s on the row "
+                       f"{describe_row(call)}; fix the function (or raise the limit)")
         except Exception as err:  # noqa: BLE001 - the user's function: named with its row, not traced back
-            raise RunStopped(f"{self.label} raised {type(err).__name__}: {err} on the row {describe_row(call)}; "
-                             "fix the function") from None
-        problem = result_problem(result)
-        if problem:
-            raise RunStopped(f"{self.label} returned {result!r} on the row {describe_row(call)}; {problem}")
-        return result
+            message = f"{self.label} raised {type(err).__name__}: {err} on the row {describe_row(call)}; fix the function"
+        else:
+            problem = result_problem(result)
+            if problem is None:
+                return result
+            message = f"{self.label} returned {result!r} on the row {describe_row(call)}; {problem}"
+        record_stop(run_dir, message)  # verl's agent loop logs the error and marks the rollout failed: the
+        raise RunStopped(message)  # sampler reads the reason (recipe/dapo/sampler.py) and stops the run
 
     async def run_single(self, data: DataProto) -> dict:
         data_item = data[-1:][0]  # an agent loop with several outputs is scored on its last one, as verl does

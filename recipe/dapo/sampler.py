@@ -151,6 +151,8 @@ class DAPOReplayBuffer(ReplayBuffer):
         self.settings = DynamicSamplingSettings.from_kwargs(sampler_kwargs)
         self.filler = self.settings.make_filler() if self.settings.filter.enable else None
         self._carried: set[str] = set()  # uids of kept groups left in the TransferQueue for the next step
+        # where a failing reward function leaves its reason (recipe/dapo/reward_manager.py)
+        self._run_dir = dict(sampler_kwargs or {}).get("run_dir")
         if self.filler is not None and self.refill_fn is None:
             raise ValueError("DAPOReplayBuffer needs the trainer's refill_fn to generate further rounds")
 
@@ -179,6 +181,12 @@ class DAPOReplayBuffer(ReplayBuffer):
             if not filler.done:
                 self._top_up_round(partition_id, known, filler.next_round_size())
             finished, failed = self._wait_for_round(partition_id, known)
+            if failed:  # a failing reward function left its reason (recipe/dapo/reward_manager.py): stop with it
+                from recipe.common.rundir import RunStopped, read_stop
+
+                reason = read_stop(self._run_dir)
+                if reason:
+                    raise RunStopped(reason)
             known |= finished | failed
             self._clear_groups(partition_id, failed)
             step.failed += len(failed)
@@ -186,7 +194,10 @@ class DAPOReplayBuffer(ReplayBuffer):
             uids = sorted(finished)
             acc, infos = self._read_groups(partition_id, uids)  # acc: [B, G]
             # [B] the groups kept; ValueError once max_num_gen_batches rounds leave the batch short
-            keep = filler.add_round(uids, acc, uids).tolist()
+            try:
+                keep = filler.add_round(uids, acc, uids).tolist()
+            except ValueError as err:  # no signal after max_num_gen_batches rounds: the message names the fix
+                raise ConfigError(f"step {global_steps}: {err}") from None
             kept_this_step.update(uid for uid, k in zip(uids, keep) if k)
             dropped = [i for i, k in enumerate(keep) if not k]
             self._clear_groups(partition_id, {uids[i] for i in dropped})
