@@ -29,6 +29,7 @@ Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -125,6 +126,23 @@ class DAPOTrainer(PPOTrainerSync):
         # re-issue of in-flight prompts on resume) by trainer_mode == "sync", PPOTrainerSync's registry name.
         # This trainer is that synchronous trainer, registered under another name.
         self.trainer_mode = "sync"
+
+    def fit(self, agent_loop_manager):
+        """verl's ``fit``, unchanged, except that a run ending on an error (a failing reward function, a starved
+        sampler) still closes its loggers before the error leaves this Ray worker: W&B's service would otherwise be
+        torn down with a traceback when Ray ends the worker, after the driver's one-line message."""
+        try:
+            return super().fit(agent_loop_manager)
+        except BaseException:
+            tracking = getattr(self, "logger", None)
+            try:
+                if tracking is not None and hasattr(tracking, "finish"):
+                    tracking.finish(exit_code=1)
+                if "wandb" in sys.modules:  # its service process, while this worker can still reach it
+                    sys.modules["wandb"].teardown(exit_code=1)
+            except Exception:  # noqa: BLE001 - closing is best effort; the error that ended the run is raised
+                pass
+            raise
 
     def _init_tokenizer(self):
         # verl 0.9.1's PPOTrainerBase._init_tokenizer (verl/trainer/ppo/v1/trainer_base.py), keeping the model config

@@ -122,8 +122,9 @@ def describe_row(call: dict) -> str:
     """A response's row in words, for an error: its data source, ground truth and the start of the response."""
     response = str(call.get("solution_str", ""))
     excerpt = response if len(response) <= 80 else response[:77] + "..."
-    return (f"data_source={call.get('data_source')!r}, ground truth {call.get('ground_truth')!r}, "
-            f"response {excerpt!r}")
+    source, truth = call.get("data_source"), call.get("ground_truth")  # numpy strings from verl's batches
+    return (f"data_source={None if source is None else str(source)!r}, "
+            f"ground truth {None if truth is None else str(truth)!r}, response {excerpt!r}")
 
 
 def result_problem(result) -> str | None:
