@@ -1,6 +1,6 @@
 """The paper's Table 1, small: DAPO built up from naive GRPO one technique at a time, on the embedded engine.
 
-Six rows, in the paper's order, each the one before it with one technique switched on (``ROWS``):
+Six rows, in the paper's order, each the one before it with one technique switched on (:func:`rows`):
 
   naive GRPO                   clip 0.2/0.2, per-sequence loss (seq-mean-token-mean), no overlong filtering,
                                no soft overlong punishment, no dynamic sampling; no KL in any row (DAPO has none)

@@ -1,2 +1,2 @@
-"""The engines that drive the ``dapo`` algorithm: ``recipe.embedded`` (one process, Hugging Face ``generate``) and
+"""The engines that drive the ``dapo`` algorithm: ``recipe.embedded`` (one process, its own decode loop) and
 ``recipe.dapo`` (verl: Ray, vLLM, FSDP). ``recipe.cli`` (the ``dapo-train`` command) composes the config and picks one."""

@@ -35,7 +35,7 @@ class EngineConfig:
     reward_fn_key: str
     max_prompt_length: int
     max_response_length: int
-    val_batch_size: int | None  # prompts per validation generate call (None: all)
+    val_batch_size: int | None  # prompts per validation sampling call (None: all)
     shuffle: bool
     data_seed: int
     filter_overlong_prompts: bool
@@ -257,7 +257,7 @@ def read_config(cfg: DictConfig) -> EngineConfig:
     )
 
 
-# verl keys the embedded engine does not act on (one process, Hugging Face generate, no parallelism), and why
+# verl keys the embedded engine does not act on (one process, its own decode loop, no parallelism), and why
 IGNORED_VERL_KEYS = {
     "actor_rollout_ref.actor.use_dynamic_bsz": "micro-batches are ppo_micro_batch_size_per_gpu responses",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "no dynamic batching",
@@ -265,7 +265,7 @@ IGNORED_VERL_KEYS = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "one process",
     "actor_rollout_ref.actor.fsdp_config.param_offload": "no FSDP",
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "no FSDP",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "Hugging Face generate, one device",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "its own decode loop, one device",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "no vLLM",
     "actor_rollout_ref.rollout.enforce_eager": "no vLLM",
     "data.dataloader_num_workers": "prompts are read in the training process",

@@ -1,4 +1,8 @@
-"""Rollouts with Hugging Face ``generate`` and the policy's per-token log-probabilities.
+"""The reference rollout: Hugging Face ``generate`` and the policy's per-token log-probabilities.
+
+The engine samples with its own decode loop (:func:`recipe.embedded.decode.sample`); :func:`generate` survives as
+the reference the tests hold it to (the same tokens from the same RNG state, ``tests/test_embedded_decode.py``), and
+:func:`sequence_log_probs` as the full-forward reference of the shared-prompt update.
 
 Layout (as verl's): a prompt is left-padded, its response right-padded; the G responses of a prompt are
 contiguous rows. ``response_mask`` covers the response up to and including its first end-of-sequence token;
