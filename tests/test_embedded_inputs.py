@@ -14,7 +14,7 @@ import torch
 from recipe import cli
 from recipe.common.rundir import LOCK_FILE
 from recipe.embedded.checkpoint import STATE_FILE, TRACKER
-from recipe.embedded.checks import UpdateGuard
+from recipe.embedded.guard import UpdateGuard
 from recipe.embedded.config import ConfigError
 from recipe.embedded.task import AdditionTask
 
@@ -253,7 +253,7 @@ def test_verl_engine_checks_data_and_reward_before_ray(tmp_path, capsys):
 def test_verl_engine_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     from omegaconf import OmegaConf
 
-    from recipe.embedded.identity import run_identity, write_identity
+    from recipe.common.identity import run_identity, write_identity
 
     parquet = tmp_path / "train.parquet"
     pd.DataFrame(_rows()).to_parquet(parquet, index=False)
@@ -291,7 +291,7 @@ def test_main_dapo_says_a_bad_input_in_one_line(tmp_path):
 
 
 def test_identity_differences_name_each_changed_key(tmp_path, capsys):
-    from recipe.embedded.identity import check_same_run, differences, write_identity
+    from recipe.common.identity import check_same_run, differences, write_identity
 
     recorded = {"data.train_files": ["/d/a.parquet"], "data.train_files (rows)": [100], "optim.lr": 1e-4}
     assert differences(recorded, dict(recorded)) == []

@@ -101,9 +101,8 @@ def check_inputs(config: DictConfig) -> Path | None:
     naming the key or file): data files, the custom reward function, the identity of the checkpoint to resume,
     which is returned (``None``: the run starts at step 0)."""
     from recipe.dapo.resume import choose_checkpoint
-    from recipe.embedded import checks
-    from recipe.embedded.config import ConfigError
-    from recipe.embedded.identity import check_same_run, run_identity
+    from recipe.common import checks
+    from recipe.common.identity import check_same_run, run_identity
 
     def select(key, default=None):
         value = OmegaConf.select(config, key, default=default)

@@ -81,7 +81,7 @@ class DAPOPaperRewardManager(RewardManagerBase):
         """One call of the scorer, stopped with :class:`RunStopped` (naming the function, the row and what went
         wrong) when it raises, returns no finite score or takes longer than ``dapo.reward_timeout_s``."""
         from recipe.common.rundir import RunStopped, record_stop
-        from recipe.embedded.checks import describe_row, result_problem
+        from recipe.common.checks import describe_row, result_problem
 
         run_dir = OmegaConf.select(self.config, "trainer.default_local_dir", default=None)
 

@@ -116,7 +116,7 @@ class DAPOTrainer(PPOTrainerSync):
     def __init__(self, config):
         require_dapo_sampler(config)
         self.overlong = OverlongSettings.from_config(OmegaConf.to_container(config, resolve=True))
-        from recipe.embedded.identity import run_identity
+        from recipe.common.identity import run_identity
 
         # before verl's __init__, which rewrites data.gen_batch_size to 1 (its dataloader's fetch size) when group
         # filtering is on: the identity must be the run's settings, as main_dapo.check_inputs computes them
@@ -177,7 +177,7 @@ class DAPOTrainer(PPOTrainerSync):
         step_dir = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
         save_sampler_state(self.replay_buffer, str(step_dir))
         super()._save_checkpoint()
-        from recipe.embedded.identity import write_identity
+        from recipe.common.identity import write_identity
 
         if step_dir.is_dir():
             write_identity(step_dir, self._run_identity)

@@ -7,7 +7,7 @@ torch, the data position, the dynamic-sampling ``BatchFiller`` state, the W&B ru
 
 A checkpoint is written to ``global_step_<N>.tmp`` and renamed into place only when complete, and the tracker file
 is replaced atomically after that, so a kill at any moment leaves the previous checkpoint intact and findable.
-``run.json`` records the run the checkpoint belongs to (``recipe.embedded.identity``).
+``run.json`` records the run the checkpoint belongs to (``recipe.common.identity``).
 
 A checkpoint damaged after it was written (a truncated ``trainer_state.pt`` or ``model.safetensors``, a disk that
 filled up, a copy cut short) is found by :func:`damage` before anything is loaded from it; :func:`find_intact` then
@@ -56,7 +56,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, max
         tokenizer.save_pretrained(tmp / "actor")
         torch.save(state, tmp / STATE_FILE)
         if identity is not None:
-            from recipe.embedded.identity import write_identity
+            from recipe.common.identity import write_identity
 
             write_identity(tmp, identity)
     except Exception as err:  # noqa: BLE001 - OSError, safetensors' SafetensorError, torch's RuntimeError

@@ -100,7 +100,7 @@ def load_prompts(
     data_sources = [str(s) for s in columns[reward_fn_key]]
     extra_infos = columns["extra_info"] if "extra_info" in columns else [None] * len(frame)
 
-    from recipe.embedded.checks import check_rows
+    from recipe.common.checks import check_rows
 
     check_rows(messages, reward_models, files_key, prompt_key)  # the rule check_data_files applied before start
     ground_truths = [str(rm["ground_truth"]) for rm in reward_models]

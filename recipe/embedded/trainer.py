@@ -30,7 +30,7 @@ Deviations from verl, deliberate:
 3. The LR schedule is verl's ``constant`` with linear warm-up stepped once per rollout step; like verl, step 0 of a
    warm-up runs at lr 0.
 4. Resuming (``trainer.resume_mode=auto``) takes the newest *intact* checkpoint of *this* run: one recorded by
-   another run (``run.json``, ``recipe.embedded.identity``) is refused, a damaged one is named and skipped, and a
+   another run (``run.json``, ``recipe.common.identity``) is refused, a damaged one is named and skipped, and a
    complete run says so and exits. verl resumes whatever its tracker names.
 """
 
@@ -55,11 +55,13 @@ from dapo.sampling import BatchFiller
 from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
 from recipe.common.rundir import lock_run_dir, unlock_run_dir
-from recipe.embedded import checkpoint, checks
+from recipe.common import checks
+from recipe.embedded import checkpoint
+from recipe.embedded.guard import UpdateGuard
 from recipe.embedded.config import ConfigError, EngineConfig, ignored_verl_keys, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
 from recipe.embedded.decode import batched_shared_log_probs, sample, shared_prompt_log_probs
-from recipe.embedded.identity import check_same_run, run_identity
+from recipe.common.identity import check_same_run, run_identity
 from recipe.embedded.monitor import Monitor, write_plots
 from recipe.embedded.rollout import SamplingParams, right_pad
 from recipe.embedded.warmup import task_files, warm_model
@@ -228,7 +230,7 @@ class _Trainer:
         self.optimizer, self.scheduler, self.filler, self.stream = optimizer, scheduler, filler, stream
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         self.sampling = SamplingParams(True, c.temperature, c.top_p, c.top_k)
-        self.guard = checks.UpdateGuard()  # stops a run whose updates are all skipped
+        self.guard = UpdateGuard()  # stops a run whose updates are all skipped
 
     def step(self, step: int) -> dict[str, float]:
         c = self.c

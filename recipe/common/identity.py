@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from recipe.embedded.config import ConfigError
+from dapo.settings import ConfigError
 
 IDENTITY_FILE = "run.json"
 

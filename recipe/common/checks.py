@@ -1,15 +1,14 @@
-"""Checks of what a run is given, made before any expensive work (the warm-up, a model load, Ray), and the guards
-that stop a run which has stopped learning.
+"""Checks of what a run is given, made before any expensive work (the warm-up, a model load, Ray), shared by both
+engines.
 
 - :func:`check_data_files`: every local data file exists, is not empty, is a readable parquet file with rows and
   verl's columns; a bad file is named with the key that gave it and the fix, never with a raw ``ArrowInvalid``.
 - :func:`load_reward_function`: ``reward.custom_reward_function.{path,name}`` imports, is callable and returns a
   finite number (or a dict with a finite ``score``) on a probe built from the first training row; the function is
   returned wrapped in :class:`CheckedReward`, which stops the run the first time it returns a non-finite number.
-- :class:`UpdateGuard`: a step whose every optimizer update was skipped for a non-finite loss or gradient stops
-  the run, and so does a run that ends having applied no update; neither exits 0 after training nothing.
-
-Each failure is a :class:`~recipe.embedded.config.ConfigError`: one line, no traceback, exit status 2.
+Both engines run them before any expensive work (the embedded engine before its warm-up, the verl entry point before
+Ray). A bad input is a :class:`~dapo.settings.ConfigError`: one line, no traceback, exit status 2; a reward function
+that fails during training is a :class:`~recipe.common.rundir.RunStopped`, exit status 1.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import threading
 from pathlib import Path
 
 from recipe.common.rundir import RunStopped
-from recipe.embedded.config import ConfigError
+from dapo.settings import ConfigError
 
 REQUIRED_COLUMNS = ("reward_model",)
 SCHEMA = ("verl's schema: data_source, prompt[{role, content}], ability, reward_model{ground_truth, style}, "
@@ -253,48 +252,3 @@ def load_reward_function(path: str | None, name: str, reward_kwargs: dict, train
                               f"{response!r}, ground truth {truth!r}); a reward must be a finite number or a dict "
                               "with a finite 'score'")
     return CheckedReward(fn, label, timeout_s)
-
-
-# ---------------------------------------------------------------------------------------------------- updates
-
-
-class UpdateGuard:
-    """Counts optimizer updates applied and skipped (non-finite gradient norm); :meth:`end_step` stops a run whose
-    step skipped every update, :meth:`end_run` one that ends having applied none."""
-
-    def __init__(self) -> None:
-        self.applied = self.skipped = 0
-        self._step_applied = self._step_skipped = 0
-
-    def record(self, applied: bool) -> None:
-        if applied:
-            self.applied, self._step_applied = self.applied + 1, self._step_applied + 1
-        else:
-            self.skipped, self._step_skipped = self.skipped + 1, self._step_skipped + 1
-
-    def end_step(self, step: int, lr_key: str = "actor_rollout_ref.actor.optim.lr") -> None:
-        applied, skipped = self._step_applied, self._step_skipped
-        self._step_applied = self._step_skipped = 0
-        if skipped and not applied:
-            raise ConfigError(
-                f"step {step}: all {skipped} policy updates were skipped for a non-finite loss or gradient norm, so "
-                f"the policy no longer trains. Rewards were finite (they are checked), so the model diverged: lower "
-                f"{lr_key}, or resume from the last checkpoint with embedded.dtype=float32"
-            )
-
-    @staticmethod
-    def diverged(err: RuntimeError, step: int, lr_key: str = "actor_rollout_ref.actor.optim.lr") -> Exception:
-        """The error to raise for ``err`` from inside a step: sampling from a policy whose weights have diverged
-        fails in ``torch.multinomial`` with a message about ``inf``/``nan``; that becomes a one-line error naming
-        the learning rate, any other error is returned unchanged."""
-        if "inf" in str(err) and "nan" in str(err):
-            return ConfigError(
-                f"step {step}: the policy's probabilities are no longer finite ({err}), so its weights diverged in "
-                f"an earlier update; lower {lr_key} (or actor_rollout_ref.actor.optim.clip_grad) and start over, or "
-                "resume from an earlier checkpoint"
-            )
-        return err
-
-    def end_run(self, steps: int) -> None:
-        if steps > 0 and self.applied == 0:
-            raise ConfigError(f"{steps} steps ran but no policy update was applied; the run trained nothing")
