@@ -1,6 +1,6 @@
 # Two entry points, both self-installing into .venv:
 #   make train [ARGS="key=value ..."]   set up and run the main job (dapo-train)
-#   make test                           set up and run the tests (what CI runs; sets up .venv-verl-cpu too)
+#   make test                           set up, lint (ruff) and run the tests (what CI runs; sets up .venv-verl-cpu too)
 #   make verl-cpu [ARGS="key=value ..."] the verl engine on a CPU (configs/experiment/cpu_tiny.yaml), own venv
 # torch is pinned by constraints/cpu.txt in the same pip command as everything else, so pip never
 # resolves a multi-GB CUDA torch on a CPU machine. On a GPU cluster use your CUDA torch and `.[gpu]`.
@@ -27,6 +27,7 @@ train: setup
 	@$(VENV)/bin/dapo-train $(ARGS)
 
 test: setup verl-cpu-setup
+	$(PY) -m ruff check dapo recipe bench scripts tests hydra_plugins
 	DAPO_REQUIRE_VERL_CPU=1 $(PY) -m pytest -q $(ARGS)
 
 bench: setup

@@ -15,10 +15,13 @@ import torch
 METRIC_DOCS: dict[str, str] = {
     # policy update (averaged over the step's mini-batch updates)
     "actor/pg_loss": "policy-gradient loss of the mini-batches; noisy, no trend expected",
-    "actor/entropy": "mean per-token entropy of the policy on the trained responses; should fall slowly, not collapse toward 0 (Clip-Higher's purpose)",
-    "actor/pg_clipfrac": "fraction of tokens whose clip bound is active (zero gradient); a few percent is healthy, >20% means too many updates per rollout or too high a learning rate",
+    "actor/entropy": "mean per-token entropy of the policy on the trained responses; should fall slowly, not collapse "
+    "toward 0 (Clip-Higher's purpose)",
+    "actor/pg_clipfrac": "fraction of tokens whose clip bound is active (zero gradient); a few percent is healthy, "
+    ">20% means too many updates per rollout or too high a learning rate",
     "actor/pg_clipfrac_lower": "fraction of tokens where the dual clip (clip_ratio_c, A<0) bounds the loss; near 0",
-    "actor/ppo_kl": "mean old_log_prob - log_prob over trained tokens: how far the mini-batch updates moved the policy; small (<0.01)",
+    "actor/ppo_kl": "mean old_log_prob - log_prob over trained tokens: how far the mini-batch updates moved the "
+    "policy; small (<0.01)",
     "actor/grad_norm": "gradient norm before clipping; spikes signal instability",
     "actor/lr": "learning rate after warm-up scheduling",
     "dapo/clipfrac_high": "fraction of tokens with A>0 clipped at 1+clip_ratio_high (Clip-Higher's upper bound acting)",
@@ -27,15 +30,21 @@ METRIC_DOCS: dict[str, str] = {
     "response_length/mean": "mean response length in tokens; grows as reasoning lengthens in long-CoT training",
     "response_length/max": "longest response in the batch",
     "response_length/min": "shortest response in the batch",
-    "response_length/clip_ratio": "fraction of responses cut at max_response_length (truncated, no EOS); rising means the length budget binds",
-    "dapo/overlong_frac": "fraction of trained responses that were truncated (masked out of the loss by overlong filtering when on)",
-    "dapo/loss_tokens": "verl engine: response tokens the loss counts after overlong filtering (truncated responses contribute none)",
-    "dapo/weight_sync/logprob_diff_max": "verl engine: max |actor log-prob - rollout log-prob| of the sampled tokens; ~1e-5 in fp32, ~1e-2 bf16 vs fp32; large means stale rollout weights",
+    "response_length/clip_ratio": "fraction of responses cut at max_response_length (truncated, no EOS); rising means "
+    "the length budget binds",
+    "dapo/overlong_frac": "fraction of trained responses that were truncated (masked out of the loss by overlong "
+    "filtering when on)",
+    "dapo/loss_tokens": "verl engine: response tokens the loss counts after overlong filtering (truncated responses "
+    "contribute none)",
+    "dapo/weight_sync/logprob_diff_max": "verl engine: max |actor log-prob - rollout log-prob| of the sampled tokens; "
+    "~1e-5 in fp32, ~1e-2 bf16 vs fp32; large means stale rollout weights",
     "dapo/weight_sync/logprob_diff_mean": "verl engine: mean of the same gap over the step's response tokens",
     "response/repeat_ngram_frac": "fraction of trained responses in which some n-gram of token ids "
     "(n = dapo.metrics.REPEAT_NGRAM) occurs twice or more; low, rising means repetition loops (the paper's Fig. 4)",
-    "dapo/overlong_penalty/mean": "mean soft overlong punishment added to the score (0 until responses enter the buffer)",
-    "critic/score/mean": "mean task score (+1 correct / -1 wrong, before length shaping) of the trained responses; should rise. "
+    "dapo/overlong_penalty/mean": "mean soft overlong punishment added to the score (0 until responses enter the "
+    "buffer)",
+    "critic/score/mean": "mean task score (+1 correct / -1 wrong, before length shaping) of the trained responses; "
+    "should rise. "
     "verl engine: verl computes it from the reward manager's reward, so it includes the overlong penalty there",
     "critic/rewards/mean": "mean shaped reward (score + overlong penalty) of the trained responses",
     "critic/advantages/mean": "mean advantage over valid tokens; near 0 by construction",
@@ -43,8 +52,10 @@ METRIC_DOCS: dict[str, str] = {
     "critic/advantages/min": "smallest advantage in the batch",
     "train/acc/mean": "mean accuracy of every generated response this step, before the group filter; should rise",
     # dynamic sampling (see dapo.sampling)
-    "train/num_gen_batches": "generation rounds needed to fill the train batch (1 = no refill needed, 0 = carried groups filled it)",
-    "dapo/kept_group_frac": "fraction of generated groups with mixed accuracy (kept); falling means prompts are saturating",
+    "train/num_gen_batches": "generation rounds needed to fill the train batch (1 = no refill needed, 0 = carried "
+    "groups filled it)",
+    "dapo/kept_group_frac": "fraction of generated groups with mixed accuracy (kept); falling means prompts are "
+    "saturating",
     "dapo/filtered_all_correct": "groups dropped this step because every response was correct",
     "dapo/filtered_all_wrong": "groups dropped this step because every response was wrong",
     "dapo/surplus_groups": "kept groups beyond the train batch (discarded, or carried when carry-over is on)",
@@ -65,7 +76,8 @@ METRIC_DOCS: dict[str, str] = {
     "timing_s/step": "seconds for the whole step",
     "timing_s/testing": "seconds spent in validation (steps where it runs)",
     # validation
-    "val-core/{data_source}/acc/mean@{k}": "validation accuracy averaged over k samples per problem (AIME: avg@32); should rise",
+    "val-core/{data_source}/acc/mean@{k}": "validation accuracy averaged over k samples per problem (AIME: avg@32); "
+    "should rise",
     "val-aux/{data_source}/score/mean@{k}": "validation score (+1/-1) averaged over k samples per problem",
     "val-aux/response_length/mean": "mean validation response length",
 }

@@ -71,7 +71,8 @@ import sys
 import threading
 import time
 
-__all__ = ["DAPO_INSTRUCTION", "INVALID", "compute_score", "extract_answer", "normalize_final_answer", "shutdown_math_verify"]
+__all__ = ["DAPO_INSTRUCTION", "INVALID", "compute_score", "extract_answer", "normalize_final_answer",
+           "shutdown_math_verify"]
 
 # The instruction of DAPO-Math-17k and AIME 2024 as its authors prepared them (BytedTsinghua-SIA), verbatim: the
 # prompt asks for the "Answer:" line this scorer reads. Format with problem=...

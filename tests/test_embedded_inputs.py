@@ -14,8 +14,8 @@ import torch
 from recipe import cli
 from recipe.common.rundir import LOCK_FILE
 from recipe.embedded.checkpoint import STATE_FILE, TRACKER
-from recipe.embedded.guard import UpdateGuard
 from recipe.embedded.config import ConfigError
+from recipe.embedded.guard import UpdateGuard
 from recipe.embedded.task import AdditionTask
 
 

@@ -104,7 +104,8 @@ def test_table_equals_verl_registry_on_random_inputs(mode, agg, seed):
     lengths = torch.randint(1, t + 1, (n,), generator=gen)
     mask = (torch.arange(t)[None, :] < lengths[:, None]).double()  # [N, T]
     weights = torch.rand(n, t, generator=gen, dtype=torch.float64) + 0.5  # rollout correction
-    info = {"dp_size": 2, "batch_num_tokens": int(mask.sum()) * 2, "global_batch_size": 2 * n, "loss_scale_factor": None}
+    info = {"dp_size": 2, "batch_num_tokens": int(mask.sum()) * 2, "global_batch_size": 2 * n,
+            "loss_scale_factor": None}
     low, high, c = 0.2, 0.28, 3.0
     if mode == "gspo":  # GSPO's own clip range, so both clipped and unclipped responses occur
         low, high = 3e-2, 4e-2

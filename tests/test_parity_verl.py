@@ -116,7 +116,7 @@ def test_group_advantages_equal_verl_grpo_outcome(seed, groups, group_size, norm
 
 @pytest.fixture(scope="module")
 def char_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "<eos>": 1, **{ch: i + 2 for i, ch in enumerate("abcdefghij0123456789 :")}}

@@ -32,7 +32,8 @@ RUN_TIMEOUT_S = 1800
 if not VERL_PY.exists():
     if os.environ.get("DAPO_REQUIRE_VERL_CPU") == "1":
         raise RuntimeError(f"{VERL_PY} is missing: run `make verl-cpu-setup` (make test does)")
-    pytest.skip("the verl CPU environment is not set up: `make verl-cpu-setup` (make test does)", allow_module_level=True)
+    pytest.skip("the verl CPU environment is not set up: `make verl-cpu-setup` (make test does)",
+                allow_module_level=True)
 
 pytestmark = [pytest.mark.verl_cpu, pytest.mark.slow]
 

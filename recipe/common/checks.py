@@ -20,8 +20,8 @@ import signal
 import threading
 from pathlib import Path
 
-from recipe.common.rundir import RunStopped
 from dapo.settings import ConfigError
+from recipe.common.rundir import RunStopped
 
 REQUIRED_COLUMNS = ("reward_model",)
 SCHEMA = ("verl's schema: data_source, prompt[{role, content}], ability, reward_model{ground_truth, style}, "

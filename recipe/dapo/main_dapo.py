@@ -25,9 +25,8 @@ registry, a sampler hook); V0 would need ``fit()`` copied, as the upstream recip
 from __future__ import annotations
 
 import os
-from importlib.metadata import entry_points
-
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import hydra
@@ -100,9 +99,9 @@ def check_inputs(config: DictConfig) -> Path | None:
     """The checks the embedded engine makes before its warm-up, made here before Ray starts (``ConfigError``
     naming the key or file): data files, the custom reward function, the identity of the checkpoint to resume,
     which is returned (``None``: the run starts at step 0)."""
-    from recipe.dapo.resume import choose_checkpoint
     from recipe.common import checks
     from recipe.common.identity import check_same_run, run_identity
+    from recipe.dapo.resume import choose_checkpoint
 
     def select(key, default=None):
         value = OmegaConf.select(config, key, default=default)

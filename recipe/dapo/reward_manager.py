@@ -57,9 +57,9 @@ class DAPOPaperRewardManager(RewardManagerBase):
             compute_score = dapo_compute_score
         self.compute_score = compute_score
         custom = OmegaConf.select(config, "reward.custom_reward_function.path", default=None)
-        self.label = (f"reward.custom_reward_function ({custom}:"
-                      f"{OmegaConf.select(config, 'reward.custom_reward_function.name', default=None) or 'compute_score'})"
-                      if custom else f"the reward function {getattr(compute_score, '__module__', '?')}."
+        name = OmegaConf.select(config, "reward.custom_reward_function.name", default=None) or "compute_score"
+        self.label = (f"reward.custom_reward_function ({custom}:{name})" if custom
+                      else f"the reward function {getattr(compute_score, '__module__', '?')}."
                       f"{getattr(compute_score, '__name__', repr(compute_score))}")
         self.is_async_reward_score = inspect.iscoroutinefunction(compute_score)
         self.reward_router_address = reward_router_address
@@ -80,8 +80,8 @@ class DAPOPaperRewardManager(RewardManagerBase):
     async def _score(self, call: dict):
         """One call of the scorer, stopped with :class:`RunStopped` (naming the function, the row and what went
         wrong) when it raises, returns no finite score or takes longer than ``dapo.reward_timeout_s``."""
-        from recipe.common.rundir import RunStopped, record_stop
         from recipe.common.checks import describe_row, result_problem
+        from recipe.common.rundir import RunStopped, record_stop
 
         run_dir = OmegaConf.select(self.config, "trainer.default_local_dir", default=None)
 
@@ -96,7 +96,8 @@ class DAPOPaperRewardManager(RewardManagerBase):
             message = (f"{self.label} did not return within dapo.reward_timeout_s={timeout:g} s on the row "
                        f"{describe_row(call)}; fix the function (or raise the limit)")
         except Exception as err:  # noqa: BLE001 - the user's function: named with its row, not traced back
-            message = f"{self.label} raised {type(err).__name__}: {err} on the row {describe_row(call)}; fix the function"
+            message = (f"{self.label} raised {type(err).__name__}: {err} on the row {describe_row(call)}; fix the "
+                       "function")
         else:
             problem = result_problem(result)
             if problem is None:

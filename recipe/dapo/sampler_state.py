@@ -7,8 +7,8 @@ saves it next to verl's files before verl writes ``latest_checkpointed_iteration
 resumes from always has it) and restores it after verl's own load.
 
 Carried groups (``dapo.sampling.carry_over``) are the exception: their trajectories live in the TransferQueue,
-which verl does not checkpoint for the synchronous trainer, so they are dropped on restore (logged; the resumed step generates
-in their place).
+which verl does not checkpoint for the synchronous trainer, so they are dropped on restore (logged; the resumed step
+generates in their place).
 """
 
 from __future__ import annotations

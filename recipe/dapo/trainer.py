@@ -59,7 +59,8 @@ def apply_overlong_filter(
 
     Returns ``dapo/overlong_frac`` over the batch's real (non-padding) responses and ``dapo/loss_tokens``, the
     response tokens the loss counts after the filter (the responses below the limit by their length, the ones at
-    the limit by their ``loss_mask`` as written back); with ``enable=False`` only measures. Only responses at the length limit are read back from the TransferQueue (their lengths are in
+    the limit by their ``loss_mask`` as written back); with ``enable=False`` only measures. Only responses at the
+    length limit are read back from the TransferQueue (their lengths are in
     the tags verl's agent loop writes), so the cost follows the truncated fraction, not the batch.
     """
     real = [not tag.get("is_padding", False) for tag in batch.tags]

@@ -93,7 +93,8 @@ def load_prompts(
         raise ConfigError(f"{files_key} ({', '.join(paths)}) has no rows")
 
     # plain lists, read once: indexing a datasets column row by row costs about a millisecond a row
-    wanted = [c for c in dict.fromkeys((prompt_key, reward_fn_key, "reward_model", "extra_info")) if c in frame.column_names]
+    wanted = [c for c in dict.fromkeys((prompt_key, reward_fn_key, "reward_model", "extra_info"))
+              if c in frame.column_names]
     columns = frame.select_columns(wanted).to_dict()
     messages = columns[prompt_key]
     reward_models = columns["reward_model"]

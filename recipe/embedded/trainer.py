@@ -54,14 +54,14 @@ from dapo.metrics import mean_metrics, repeat_ngram_frac, response_length_metric
 from dapo.sampling import BatchFiller
 from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
-from recipe.common.rundir import lock_run_dir, unlock_run_dir
 from recipe.common import checks
+from recipe.common.identity import check_same_run, run_identity
+from recipe.common.rundir import lock_run_dir, unlock_run_dir
 from recipe.embedded import checkpoint
-from recipe.embedded.guard import UpdateGuard
 from recipe.embedded.config import ConfigError, EngineConfig, ignored_verl_keys, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
 from recipe.embedded.decode import batched_shared_log_probs, sample, shared_prompt_log_probs
-from recipe.common.identity import check_same_run, run_identity
+from recipe.embedded.guard import UpdateGuard
 from recipe.embedded.monitor import Monitor, write_plots
 from recipe.embedded.rollout import SamplingParams, right_pad
 from recipe.embedded.warmup import task_files, warm_model

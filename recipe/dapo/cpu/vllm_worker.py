@@ -48,7 +48,8 @@ def keep_live_linear_weights() -> None:
         )
     for caller in ("linear.py", "vocab_parallel_embedding.py"):  # both import it at call time, by module attribute
         module = importlib.import_module(f"vllm.model_executor.layers.{caller[:-3]}")
-        if "from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm" not in inspect.getsource(module):
+        expected = "from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm"
+        if expected not in inspect.getsource(module):
             raise RuntimeError(
                 f"vllm/model_executor/layers/{caller} no longer imports dispatch_cpu_unquantized_gemm at call time "
                 f"({_TARGET}); update recipe/dapo/cpu/vllm_worker.py"
