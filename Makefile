@@ -2,13 +2,14 @@
 #   make train [ARGS="key=value ..."]   set up and run the main job (dapo-train)
 #   make test                           set up, lint (ruff) and run the tests (what CI runs; sets up .venv-verl-cpu too)
 #   make verl-cpu [ARGS="key=value ..."] the verl engine on a CPU (configs/experiment/cpu_tiny.yaml), own venv
+#   make docs / make docs-serve         build the docs site into docs/_build/html (warnings are errors) / serve it
 # torch is pinned by constraints/cpu.txt in the same pip command as everything else, so pip never
 # resolves a multi-GB CUDA torch on a CPU machine. On a GPU cluster use your CUDA torch and `.[gpu]`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --progress-bar off -c constraints/cpu.txt
 
-.PHONY: setup train test bench verl-cpu-setup verl-cpu
+.PHONY: setup train test bench verl-cpu-setup verl-cpu docs docs-serve
 setup: $(VENV)/.installed
 
 # quiet: one line per phase; pip's full output goes to $(VENV)/install.log (shown when a phase fails)
@@ -27,8 +28,16 @@ train: setup
 	@$(VENV)/bin/dapo-train $(ARGS)
 
 test: setup verl-cpu-setup
-	$(PY) -m ruff check dapo recipe bench scripts tests hydra_plugins
+	$(PY) -m ruff check dapo recipe bench scripts tests hydra_plugins docs
 	DAPO_REQUIRE_VERL_CPU=1 $(PY) -m pytest -q $(ARGS)
+
+# the docs site: Sphinx + MyST (docs/conf.py); the reference pages are generated from the code at build time
+docs: setup
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
+docs-serve: docs
+	$(PY) -m http.server --directory docs/_build/html 8000
 
 bench: setup
 	$(PIP) -e ".[test,bench]"

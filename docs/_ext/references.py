@@ -1,0 +1,56 @@
+"""Sphinx extension: writes ``reference/configuration.md`` and ``reference/metrics.md`` before each build, from the
+declarations themselves: the ``help`` metadata of :mod:`dapo.settings`' dataclass fields and
+:data:`dapo.metrics.METRIC_DOCS`. Nothing in them is written by hand; change a ``help`` string and the page
+changes."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+SETTINGS = ("RunSettings", "LossSettings", "FilterSettings", "SamplingSettings", "OverlongSettings")
+
+
+def _cell(text) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def configuration_page() -> str:
+    import dapo.settings as settings
+
+    lines = ["# Configuration reference", "",
+             "Generated from the `help` metadata of the dataclasses in `dapo.settings`, the contract both engines "
+             "build from the composed config (keys are verl's; a key missing from the config takes the default).", ""]
+    for name in SETTINGS:
+        cls = getattr(settings, name)
+        lines += [f"## `{name}`", "", _cell((cls.__doc__ or "").strip().split("\n\n")[0]), "",
+                  "| field | default | meaning |", "| --- | --- | --- |"]
+        for field in dataclasses.fields(cls):
+            default = field.default if field.default is not dataclasses.MISSING else "(required)"
+            lines.append(f"| `{field.name}` | `{default!r}` | {_cell(field.metadata.get('help', ''))} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def metrics_page() -> str:
+    from dapo.metrics import METRIC_DOCS
+
+    lines = ["# Metrics reference", "",
+             "Generated from `dapo.metrics.METRIC_DOCS`: every metric the engines log, what it means and what "
+             "healthy looks like.", "", "| metric | meaning |", "| --- | --- |"]
+    lines += [f"| `{name}` | {_cell(text)} |" for name, text in METRIC_DOCS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_references(app) -> None:
+    out = Path(app.srcdir) / "reference"
+    out.mkdir(exist_ok=True)
+    for name, text in (("configuration.md", configuration_page()), ("metrics.md", metrics_page())):
+        path = out / name
+        if not path.is_file() or path.read_text() != text:  # unchanged pages keep their mtime: no rebuild
+            path.write_text(text)
+
+
+def setup(app):
+    app.connect("builder-inited", write_references)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
