@@ -55,8 +55,8 @@ def select(config: Mapping, key: str, default: Any = None) -> Any:
     return default if node is None else node
 
 
-def check_int(key: str, value: Any, *, minimum: int, hint: str = "") -> int:
-    """``value`` as an int >= ``minimum``, else :class:`ConfigError` naming ``key``."""
+def check_int(key: str, value: Any, *, minimum: int | None, hint: str = "") -> int:
+    """``value`` as an int >= ``minimum`` (``None``: any int), else :class:`ConfigError` naming ``key``."""
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok and isinstance(value, float) and value.is_integer():
         value, ok = int(value), True
@@ -65,11 +65,16 @@ def check_int(key: str, value: Any, *, minimum: int, hint: str = "") -> int:
             value, ok = int(value), True
         except ValueError:
             ok = False
-    if not ok or value < minimum:
-        what = "a positive integer" if minimum == 1 else "an integer" if minimum < -(2**31) \
-            else f"an integer >= {minimum}"
+    if not ok or (minimum is not None and value < minimum):
+        what = "a positive integer" if minimum == 1 else "an integer" if minimum is None else f"an integer >= {minimum}"
         raise ConfigError(f"{key} must be {what}, got {value!r}{hint}")
     return int(value)
+
+
+def divisor_near(total: int, wanted: int) -> int:
+    """The divisor of ``total`` closest to ``wanted`` (the smaller on a tie), for error messages."""
+    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    return min(divisors, key=lambda d: (abs(d - wanted), d))
 
 
 def check_float(key: str, value: Any, *, hint: str = "") -> float:
@@ -400,7 +405,6 @@ class RunSettings:
 
     @classmethod
     def from_config(cls, config: Mapping) -> RunSettings:
-        any_int = -(2**62)
         d = {f.name: f.default for f in fields(cls)}
         get = lambda key, name: select(config, key, d[name])  # noqa: E731
         n = check_int(f"{ROLLOUT}.n", get(f"{ROLLOUT}.n", "n"), minimum=1)
@@ -434,10 +438,9 @@ class RunSettings:
         mini = check_int(f"{ACTOR}.ppo_mini_batch_size", select(config, f"{ACTOR}.ppo_mini_batch_size", train),
                          minimum=1)  # unset: one mini-batch, the whole train batch
         if train % mini:
-            divisors = [k for k in range(1, train + 1) if train % k == 0]
-            nearest = min(divisors, key=lambda k: (abs(k - mini), k))
             raise ConfigError(f"data.train_batch_size={train} is not divisible by {ACTOR}.ppo_mini_batch_size={mini} "
-                              f"(both count prompts); choose a mini-batch size that divides it, e.g. {nearest}")
+                              "(both count prompts); choose a mini-batch size that divides it, e.g. "
+                              f"{divisor_near(train, mini)}")
         steps = select(config, "trainer.total_training_steps")
         return cls(
             n=n,
@@ -462,9 +465,9 @@ class RunSettings:
             total_training_steps=None if steps is None else check_int(
                 "trainer.total_training_steps", steps, minimum=1, hint=" (null: trainer.total_epochs over the data)"),
             total_epochs=check_int("trainer.total_epochs", get("trainer.total_epochs", "total_epochs"), minimum=1),
-            test_freq=check_int("trainer.test_freq", get("trainer.test_freq", "test_freq"), minimum=any_int,
+            test_freq=check_int("trainer.test_freq", get("trainer.test_freq", "test_freq"), minimum=None,
                                 hint=" (an integer; <= 0: never)"),
-            save_freq=check_int("trainer.save_freq", get("trainer.save_freq", "save_freq"), minimum=any_int,
+            save_freq=check_int("trainer.save_freq", get("trainer.save_freq", "save_freq"), minimum=None,
                                 hint=" (an integer; <= 0: never)"),
         )
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from dapo.settings import ConfigError, DapoSettings, check_float, check_int
+from dapo.settings import ConfigError, DapoSettings, check_float, check_int, divisor_near
 
 __all__ = ["ConfigError", "EngineConfig", "ignored_verl_keys", "read_config"]
 
@@ -152,10 +152,9 @@ def read_config(cfg: DictConfig) -> EngineConfig:
         raise ConfigError(
             f"a mini-batch of {mini} prompts x {n} responses = {mini * n} responses is not divisible by "
             f"{actor}.ppo_micro_batch_size_per_gpu={micro} (it counts responses); choose one that divides "
-            f"{mini * n}, e.g. {_divisor_near(mini * n, micro)}"
+            f"{mini * n}, e.g. {divisor_near(mini * n, micro)}"
         )
     log_prob_micro = _get(cfg, f"{rollout}.log_prob_micro_batch_size_per_gpu") or micro
-
 
     for key in ("trainer.resume_mode",):
         if _get(cfg, key) not in ("auto", "disable", "resume_path"):
@@ -305,9 +304,3 @@ def _grad_clip(cfg: DictConfig, actor: str) -> float:
         raise ConfigError(f"{key} must be > 0 (the largest gradient norm an update keeps), got {value!r}; the paper "
                           "uses 1.0")
     return value
-
-
-def _divisor_near(total: int, wanted: int) -> int:
-    """The divisor of ``total`` closest to ``wanted`` (for error messages)."""
-    divisors = [d for d in range(1, total + 1) if total % d == 0]
-    return min(divisors, key=lambda d: (abs(d - wanted), d))
