@@ -325,3 +325,33 @@ def test_an_error_of_ours_from_a_ray_worker_is_found_inside_rays_error():
         assert carried_error(wrapped) == (kind, str(error))
         assert carried_error(RuntimeError(f"remote\n{type(error).__name__}: {error}")) == (kind, str(error))
     assert carried_error(RuntimeError("something else")) is None
+
+
+def test_the_verl_resume_takes_the_newest_intact_checkpoint(tmp_path, capsys):
+    """verl's layout, real files: the tracked step 2 cut short is named and skipped, verl is pointed at step 1; with
+    every checkpoint damaged the start is refused, saying how to start over."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from dapo.settings import ConfigError
+    from recipe.dapo.resume import choose_checkpoint
+
+    for step in (1, 2):
+        (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
+        torch.save({"w": torch.zeros(1000)}, tmp_path / f"global_step_{step}" / "actor" / "model.pt")
+        torch.save({}, tmp_path / f"global_step_{step}" / "data.pt")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    weights = tmp_path / "global_step_2" / "actor" / "model.pt"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    config = OmegaConf.create({"trainer": {"resume_mode": "auto", "default_local_dir": str(tmp_path),
+                                           "resume_from_path": None}})
+    assert choose_checkpoint(config) == tmp_path / "global_step_1"
+    out = capsys.readouterr().out
+    assert f"warning: checkpoint {tmp_path / 'global_step_2'} is damaged and skipped: {weights} is damaged" in out
+    assert f"resuming from {tmp_path / 'global_step_1'}, the newest intact checkpoint" in out
+    assert (config.trainer.resume_mode, config.trainer.resume_from_path) == ("resume_path",
+                                                                              str(tmp_path / "global_step_1"))
+    (tmp_path / "global_step_1" / "data.pt").write_bytes(b"")
+    config.trainer.resume_mode = "auto"
+    with pytest.raises(ConfigError, match="every checkpoint in .* is damaged .*trainer.resume_mode=disable"):
+        choose_checkpoint(config)

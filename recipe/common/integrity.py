@@ -49,6 +49,25 @@ def directory_damage(directory: Path, required: tuple[str, ...] = ()) -> str | N
     return None
 
 
+def newest_intact(run_dir: Path, candidates: list[Path], damage, log=print) -> Path:
+    """The first of ``candidates`` (the tracked checkpoint first, then the others newest first) that ``damage``
+    finds nothing wrong with; each damaged one is named and skipped, and when every one is damaged the error says
+    how to start over. Both engines' resume paths call it, each with its own layout's ``damage``."""
+    from dapo.settings import ConfigError
+
+    for candidate in candidates:
+        problem = damage(candidate)
+        if problem is None:
+            if candidate != candidates[0]:
+                log(f"resuming from {candidate}, the newest intact checkpoint")
+            return candidate
+        log(f"warning: checkpoint {candidate} is damaged and skipped: {problem}")
+    raise ConfigError(
+        f"every checkpoint in {run_dir} is damaged ({', '.join(c.name for c in candidates)}); set "
+        "trainer.resume_mode=disable to start over there, or trainer.default_local_dir=<new directory>"
+    )
+
+
 def _safetensors_damage(path: Path) -> str | None:
     size = path.stat().st_size
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dapo.settings import ConfigError
+from recipe.common.integrity import newest_intact
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker file
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -55,23 +55,14 @@ def choose_checkpoint(config: DictConfig, log=print) -> Path | None:
         return None
     tracked = run_dir / f"global_step_{tracker.read_text().strip()}"
     steps = sorted((int(m.group(1)) for p in run_dir.iterdir() if (m := _STEP_DIR.match(p.name))), reverse=True)
+    # the tracked one first, even if missing (then named as such and skipped), then the others newest first
     candidates = [tracked] + [run_dir / f"global_step_{s}" for s in steps if run_dir / f"global_step_{s}" != tracked]
-    for candidate in candidates:
-        if not candidate.is_dir():
-            continue
-        problem = checkpoint_damage(candidate)
-        if problem is None:
-            if candidate != tracked:
-                log(f"resuming from {candidate}, the newest intact checkpoint")
-                with open_dict(config):
-                    config.trainer.resume_mode = "resume_path"
-                    config.trainer.resume_from_path = str(candidate)
-            return candidate
-        log(f"warning: checkpoint {candidate} is damaged and skipped: {problem}")
-    raise ConfigError(
-        f"every checkpoint in {run_dir} is damaged ({', '.join(c.name for c in candidates)}); set "
-        "trainer.resume_mode=disable to start over there, or trainer.default_local_dir=<new directory>"
-    )
+    chosen = newest_intact(run_dir, candidates, checkpoint_damage, log)
+    if chosen != tracked:  # verl would resume the tracked one: point it at the chosen one
+        with open_dict(config):
+            config.trainer.resume_mode = "resume_path"
+            config.trainer.resume_from_path = str(chosen)
+    return chosen
 
 
 def metrics_path(config: DictConfig) -> Path | None:
@@ -126,7 +117,7 @@ def prepare_metrics(config: DictConfig, resumed: Path | None) -> None:
 
 def patch_file_logger_append() -> None:
     """Runtime patch of ``verl/utils/tracking.py:FileLogger.__init__`` (verl 0.9.1): open the metrics file with
-    ``"ab"`` instead of ``"wb"``, so that the records :func:`prepare_resume` kept survive the restart. The
+    ``"ab"`` instead of ``"wb"``, so that the records :func:`prepare_metrics` kept survive the restart. The
     replacement is verl's ``__init__`` with that one change; checked: verl's must still open the file with
     ``"wb"`` at ``self.filepath``, else this raises naming what moved."""
     from verl.utils import tracking
@@ -149,9 +140,9 @@ def patch_file_logger_append() -> None:
             directory = os.path.join(os.path.expanduser(os.getenv("VERL_FILE_LOGGER_ROOT", ".")), project_name)
             os.makedirs(directory, exist_ok=True)
             self.filepath = os.path.join(directory, f"{experiment_name}.jsonl")
-            mode = "wb"  # verl's default path, which prepare_resume does not trim: verl's behaviour
+            mode = "wb"  # verl's default path, which prepare_metrics does not trim: verl's behaviour
         else:
-            mode = "ab"  # VERL_FILE_LOGGER_PATH: trimmed to the resumed step by prepare_resume, before Ray
+            mode = "ab"  # VERL_FILE_LOGGER_PATH: trimmed to the resumed step by prepare_metrics, before Ray
         print(f"Creating file logger at {os.path.abspath(self.filepath)}")
         self.fp = open(self.filepath, mode, buffering=0)
 

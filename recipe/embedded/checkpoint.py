@@ -151,25 +151,11 @@ def find_intact(run_dir: Path, log=print) -> Path | None:
     latest = find_latest(run_dir)
     if latest is None:
         return None
+    from recipe.common.integrity import newest_intact
+
     candidates = [latest] + [run_dir / f"global_step_{s}" for s in sorted(checkpoint_steps(run_dir), reverse=True)
                              if run_dir / f"global_step_{s}" != latest]
-    for candidate in candidates:
-        problem = damage(candidate)
-        if problem is None:
-            if candidate != latest:
-                log(f"resuming from {candidate}, the newest intact checkpoint")
-            return candidate
-        log(f"warning: checkpoint {candidate} is damaged and skipped: {problem}")
-    raise_damaged(run_dir, candidates)
-
-
-def raise_damaged(run_dir: Path, candidates: list[Path]) -> None:
-    from recipe.embedded.config import ConfigError
-
-    raise ConfigError(
-        f"every checkpoint in {run_dir} is damaged ({', '.join(c.name for c in candidates)}); set "
-        "trainer.resume_mode=disable to start over there, or trainer.default_local_dir=<new directory>"
-    )
+    return newest_intact(run_dir, candidates, damage, log)
 
 
 def training_state(step: int, optimizer, scheduler, stream, filler, wandb_id: str | None) -> dict:
