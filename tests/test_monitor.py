@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from recipe.embedded.monitor import WANDB_CONNECT_TIMEOUT_S, Monitor, write_plots
+from recipe.common.tracking import WANDB_CONNECT_TIMEOUT_S
+from recipe.embedded.monitor import Monitor, write_plots
 
 
 def _closed_port() -> int:

@@ -44,19 +44,21 @@ def wandb_unreachable(timeout: float) -> str | None:
     return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
-def offline_reason(loggers) -> str | None:
+def offline_reason(loggers, start_timeout_s: float | None = None) -> str | None:
     """Why a run that logs to ``wandb`` should log offline (``None``: go online, or W&B is not used or already
-    offline/disabled): no credentials, or a server that does not answer within the bound."""
+    offline/disabled): no credentials, or a server that does not answer within the bound, which is said before
+    the probe (``start_timeout_s``: the further wait for ``wandb.init`` the caller grants, said too)."""
     loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
     mode = os.environ.get("WANDB_MODE")
     if "wandb" not in loggers or mode in ("offline", "disabled", "dryrun"):
         return None
     if not has_wandb_credentials() and mode is None:
         return "no credentials found"
+    url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    then = f", then {start_timeout_s:g} s to start the run" if start_timeout_s else ""
+    print(f"W&B: connecting to {url} (at most {WANDB_CONNECT_TIMEOUT_S} s{then}; offline after that)")
     problem = wandb_unreachable(WANDB_CONNECT_TIMEOUT_S)
-    if problem:
-        return f"{os.environ.get('WANDB_BASE_URL') or 'https://api.wandb.ai'} unreachable: {problem}"
-    return None
+    return f"{url} unreachable: {problem}" if problem else None
 
 
 def fall_back_to_offline(loggers, run_dir) -> str | None:

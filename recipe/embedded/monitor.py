@@ -3,7 +3,7 @@
 W&B is optional and never fatal: with no credentials (``WANDB_API_KEY`` unset and no ``api.wandb.ai`` entry in
 ``~/.netrc``) it runs offline and says how to upload afterwards; an explicit ``WANDB_MODE`` is respected. Online,
 the wait is bounded and stated: the server (``WANDB_BASE_URL``, default ``https://api.wandb.ai``) must accept a
-connection within :data:`WANDB_CONNECT_TIMEOUT_S` seconds and ``wandb.init`` finish within
+connection within :data:`recipe.common.tracking.WANDB_CONNECT_TIMEOUT_S` seconds and ``wandb.init`` finish within
 :data:`WANDB_INIT_TIMEOUT_S`; otherwise the run logs offline (``wandb sync`` uploads it later). If that fails too,
 or ``wandb.log`` fails, training goes on without W&B after one warning.
 """
@@ -17,9 +17,7 @@ import os
 import uuid
 from pathlib import Path
 
-from recipe.common.tracking import WANDB_CONNECT_TIMEOUT_S, WANDB_INIT_TIMEOUT_S
-from recipe.common.tracking import has_wandb_credentials as _has_wandb_credentials
-from recipe.common.tracking import wandb_unreachable as _wandb_unreachable
+from recipe.common.tracking import WANDB_INIT_TIMEOUT_S, offline_reason
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +66,8 @@ class Monitor:
         try:
             import wandb
 
-            offline = not _has_wandb_credentials() and "WANDB_MODE" not in os.environ
-            why_offline = "no credentials found" if offline else None
-            online = not offline and os.environ.get("WANDB_MODE", "online") == "online"
-            url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
-            if online:
-                print(f"W&B: connecting to {url} (at most {WANDB_CONNECT_TIMEOUT_S} s, then "
-                      f"{WANDB_INIT_TIMEOUT_S} s to start the run; offline after that)")
-                problem = _wandb_unreachable(WANDB_CONNECT_TIMEOUT_S)
-                if problem:
-                    offline, why_offline = True, f"{url} unreachable: {problem}"
+            why_offline = offline_reason(["wandb"], start_timeout_s=WANDB_INIT_TIMEOUT_S)  # the verl driver's rule
+            offline = why_offline is not None
             if self.wandb_id is None:
                 self.wandb_id = uuid.uuid4().hex[:12]
             kwargs = dict(project=project, name=experiment, id=self.wandb_id, resume="allow", dir=str(self.run_dir),
