@@ -126,15 +126,20 @@ def describe_row(call: dict) -> str:
             f"ground truth {None if truth is None else str(truth)!r}, response {excerpt!r}")
 
 
-def result_problem(result) -> str | None:
-    """Why a reward function's result cannot be used (``None``: a finite number, or a dict with a finite
-    ``score``)."""
-    if _finite_score(result) is None:
-        return "a reward must be a finite number or a dict with a finite 'score'. Fix the function"
-    return None
+def reward_failure(label: str, where: str, *, timeout_s: float | None = None, error: Exception | None = None,
+                   result=None) -> str:
+    """One wording, for every engine, of a reward function that timed out, raised or returned no finite score
+    ``where`` (``on the row ...``, ``on a probe (...)``)."""
+    if timeout_s is not None:
+        return (f"{label} did not return within dapo.reward_timeout_s={timeout_s:g} s {where}; fix the function (or "
+                "raise the limit)")
+    if error is not None:
+        return f"{label} raised {type(error).__name__}: {error} {where}; fix the function"
+    return (f"{label} returned {result!r} {where}; a reward must be a finite number or a dict with a finite 'score'. "
+            "Fix the function")
 
 
-def _finite_score(result) -> float | None:
+def finite_score(result) -> float | None:
     """The score of one call's result if it is a finite number, else ``None``."""
     value = result.get("score") if isinstance(result, dict) else result
     try:
@@ -153,34 +158,30 @@ class CheckedReward:
     def __init__(self, fn, label: str, timeout_s: float | None = None) -> None:
         self.fn, self.label, self.timeout_s = fn, label, timeout_s
 
-    def _row(self, data_source, solution_str, ground_truth) -> str:
-        return describe_row({"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth})
-
     def __call__(self, data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-        try:
-            with _time_limit(self.timeout_s):
-                result = self.fn(data_source, solution_str, ground_truth, extra_info, **kwargs)
-        except _RewardTimeout:
-            raise RunStopped(
-                f"{self.label} did not return within dapo.reward_timeout_s={self.timeout_s:g} s on the row "
-                f"{self._row(data_source, solution_str, ground_truth)}; fix the function (or raise the limit); the "
-                "run stopped, its last checkpoint is intact"
-            ) from None
-        except (RunStopped, KeyboardInterrupt):
-            raise
-        except Exception as err:  # noqa: BLE001 - the user's function: its failure is named, not traced back
-            raise RunStopped(
-                f"{self.label} raised {type(err).__name__}: {err} on the row "
-                f"{self._row(data_source, solution_str, ground_truth)}; fix the function; the run stopped, its last "
-                "checkpoint is intact"
-            ) from None
-        if _finite_score(result) is None:
-            raise RunStopped(
-                f"{self.label} returned {result!r} on the row {self._row(data_source, solution_str, ground_truth)}; "
-                "a reward must be a finite number or a dict with a finite 'score'. Fix the function; the run stopped "
-                "before training on it, its last checkpoint is intact"
-            )
+        row = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth}
+        result, failure = _call(self.fn, self.label, lambda: f"on the row {describe_row(row)}", self.timeout_s,
+                                data_source, solution_str, ground_truth, extra_info, **kwargs)
+        if failure is not None:
+            raise RunStopped(f"{failure}; the run stopped, its last checkpoint is intact")
         return result
+
+
+def _call(fn, label: str, where, timeout_s: float | None, *args, **kwargs):
+    """``(fn(*args, **kwargs), None)`` under ``timeout_s``, or ``(None, why)`` when it timed out, raised or returned
+    no finite score (:func:`reward_failure`'s words; ``where()`` names the row, built only then)."""
+    try:
+        with _time_limit(timeout_s):
+            result = fn(*args, **kwargs)
+    except _RewardTimeout:
+        return None, reward_failure(label, where(), timeout_s=timeout_s)
+    except (RunStopped, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's function: its failure is named, not traced back
+        return None, reward_failure(label, where(), error=err)
+    if finite_score(result) is None:
+        return None, reward_failure(label, where(), result=result)
+    return result, None
 
 
 class _RewardTimeout(Exception):
@@ -237,18 +238,9 @@ def load_reward_function(path: str | None, name: str, reward_kwargs: dict, train
         else "1"
     source, extra = row.get("data_source", "probe"), row.get("extra_info")
     for response in (f"Answer: {truth}", ""):
-        try:
-            with _time_limit(timeout_s):
-                result = fn(source, response, truth, extra, **reward_kwargs)
-        except _RewardTimeout:
-            raise ConfigError(f"{label} did not return within dapo.reward_timeout_s={timeout_s:g} s on a probe "
-                              f"(data_source={source!r}, response {response!r}, ground truth {truth!r}); fix the "
-                              "function (or raise the limit)") from None
-        except Exception as err:  # noqa: BLE001
-            raise ConfigError(f"{label} raised {type(err).__name__}: {err} on a probe (data_source={source!r}, "
-                              f"response {response!r}, ground truth {truth!r}); fix the function") from None
-        if _finite_score(result) is None:
-            raise ConfigError(f"{label} returned {result!r} on a probe (data_source={source!r}, response "
-                              f"{response!r}, ground truth {truth!r}); a reward must be a finite number or a dict "
-                              "with a finite 'score'")
+        row = {"data_source": source, "solution_str": response, "ground_truth": truth}
+        _, failure = _call(fn, label, lambda: f"on a probe ({describe_row(row)})", timeout_s,
+                           source, response, truth, extra, **reward_kwargs)
+        if failure is not None:
+            raise ConfigError(failure)
     return CheckedReward(fn, label, timeout_s)

@@ -80,11 +80,10 @@ class DAPOPaperRewardManager(RewardManagerBase):
     async def _score(self, call: dict):
         """One call of the scorer, stopped with :class:`RunStopped` (naming the function, the row and what went
         wrong) when it raises, returns no finite score or takes longer than ``dapo.reward_timeout_s``."""
-        from recipe.common.checks import describe_row, result_problem
+        from recipe.common.checks import describe_row, finite_score, reward_failure
         from recipe.common.rundir import RunStopped, record_stop
 
         run_dir = OmegaConf.select(self.config, "trainer.default_local_dir", default=None)
-
         timeout = OmegaConf.select(self.config, "dapo.reward_timeout_s", default=None)
         try:
             if self.is_async_reward_score:
@@ -93,16 +92,14 @@ class DAPOPaperRewardManager(RewardManagerBase):
                 pending = self.loop.run_in_executor(None, lambda: self.compute_score(**call))
             result = await asyncio.wait_for(pending, timeout)
         except asyncio.TimeoutError:
-            message = (f"{self.label} did not return within dapo.reward_timeout_s={timeout:g} s on the row "
-                       f"{describe_row(call)}; fix the function (or raise the limit)")
+            failure = {"timeout_s": timeout}
         except Exception as err:  # noqa: BLE001 - the user's function: named with its row, not traced back
-            message = (f"{self.label} raised {type(err).__name__}: {err} on the row {describe_row(call)}; fix the "
-                       "function")
+            failure = {"error": err}
         else:
-            problem = result_problem(result)
-            if problem is None:
+            if finite_score(result) is not None:
                 return result
-            message = f"{self.label} returned {result!r} on the row {describe_row(call)}; {problem}"
+            failure = {"result": result}
+        message = reward_failure(self.label, f"on the row {describe_row(call)}", **failure)
         record_stop(run_dir, message)  # verl's agent loop logs the error and marks the rollout failed: the
         raise RunStopped(message)  # sampler reads the reason (recipe/dapo/sampler.py) and stops the run
 
