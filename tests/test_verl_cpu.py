@@ -106,6 +106,11 @@ def metrics(run_dir: Path, name: str = "metrics.jsonl") -> dict[int, dict]:
     return out
 
 
+def logged_steps(run_dir: Path) -> list[int]:
+    """The step of every record of ``metrics.jsonl``, in file order (a step logged twice appears twice)."""
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def _tail(run_dir: Path) -> str:
     return (run_dir / "console.log").read_text()[-6000:]
 
@@ -256,7 +261,7 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
     assert f"warning: checkpoint {run_dir / f'global_step_{last}'} is damaged and skipped: {weights} is damaged" \
         in console
     assert f"resuming from {run_dir / f'global_step_{last - 1}'}, the newest intact checkpoint" in console
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = logged_steps(run_dir)
     assert steps == list(range(1, total + 1)), f"metrics.jsonl holds steps {steps}: each of 1..{total} once expected"
     resumed = metrics(run_dir)
     final = torch.load(run_dir / f"global_step_{total}" / "dapo_sampler.pt", weights_only=False)["filler"]
@@ -308,13 +313,13 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tm
     (run_dir / "console.log").rename(run_dir / "console-first.log")
     proc = train(run_dir, **common)
     assert proc.returncode == 0, _tail(run_dir)
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = logged_steps(run_dir)
     assert steps == list(range(1, total + 1)), f"metrics.jsonl holds steps {steps}"
 
     # the finished run, started again with one more step: it continues from its last checkpoint
     proc = train(run_dir, **{**common, "trainer.total_training_steps": total + 1})
     assert proc.returncode == 0, _tail(run_dir)
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = logged_steps(run_dir)
     assert steps == list(range(1, total + 2)), f"metrics.jsonl holds steps {steps} after the extension"
 
 

@@ -1,4 +1,8 @@
-"""One run directory, one run: an exclusive lock held for the whole run, taken before anything is written.
+"""One run directory, one run, and how a run stops: the directory's lock, :class:`RunStopped` (a run ended by
+something outside its config), the stop reason a verl worker leaves for the sampler (:func:`record_stop`), and
+:func:`carried_error`, which finds an error of ours inside the one Ray hands back.
+
+The lock: exclusive, held for the whole run, taken before anything is written.
 
 Two processes training into one ``trainer.default_local_dir`` would both append to ``metrics.jsonl`` (steps 0, 1,
 0, 2, 1, ...) and overwrite each other's checkpoints. :func:`lock_run_dir` takes ``<run_dir>/.run.lock`` with

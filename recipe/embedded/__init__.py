@@ -3,7 +3,7 @@
 ``trainer.run(cfg)`` is the entry point (``dapo-train`` calls it). Modules: ``config`` (the keys it reads, checked),
 ``data`` (verl-schema prompts), ``task`` / ``warmup`` (the default tiny model on synthetic addition), ``decode``
 (the KV-cache sampling loop and the shared-prompt update forward), ``rollout`` (the ``generate`` reference the
-tests compare ``decode`` with), ``checks`` (inputs checked before the warm-up, the reward guard, the update
-guard), ``identity`` (which run a checkpoint belongs to), ``checkpoint``, ``monitor`` (metrics.jsonl, W&B, tqdm,
-plots).
+tests compare ``decode`` with), ``guard`` (stops a run whose updates are all skipped), ``checkpoint``, ``monitor``
+(metrics.jsonl, W&B, tqdm, plots). The input checks, the reward guard and the run identity it shares with the verl
+engine are in ``recipe.common``.
 """
