@@ -92,16 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             message = f"{message} ({cause})" if message else cause
         return _fail(message.replace("\n", "\n  "))
 
-    from recipe.common.rundir import RunStopped
-
     engine = OmegaConf.select(cfg, "dapo.engine", default="verl")
     try:
         return _run_engine(cfg, engine)
-    except RunStopped as err:  # a full disk, a failing reward function: named, no traceback
-        print(f"dapo-train: stopped: {err}", file=sys.stderr)
-        return 1
-    except Exception as err:  # the verl engine: an error of ours from a Ray worker arrives wrapped in Ray's
-        from recipe.common.rundir import carried_error
+    except Exception as err:  # bad input (ConfigError, exit 2) or a run stopped (RunStopped, exit 1), raised here or
+        from recipe.common.rundir import carried_error  # in a Ray worker of the verl engine (wrapped in Ray's error)
 
         carried = carried_error(err)
         if carried is None:
@@ -118,13 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_engine(cfg, engine: str) -> int:
     if engine == "embedded":
-        from recipe.embedded.config import ConfigError
         from recipe.embedded.trainer import run
 
-        try:
-            run(cfg)
-        except ConfigError as err:
-            return _fail(str(err))
+        run(cfg)
         return 0
     if engine == "verl":
         try:
@@ -134,12 +125,7 @@ def _run_engine(cfg, engine: str) -> int:
                 f"dapo.engine=verl needs recipe.dapo.main_dapo.run_dapo, which cannot be imported ({err}); "
                 "install the project with its verl recipe, or use dapo.engine=embedded"
             )
-        from dapo.settings import ConfigError
-
-        try:
-            run_dapo(cfg)
-        except ConfigError as err:
-            return _fail(str(err))
+        run_dapo(cfg)
         return 0
     return _fail(f"dapo.engine={engine!r} is unknown; use embedded or verl")
 

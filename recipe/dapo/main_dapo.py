@@ -184,15 +184,12 @@ def run_dapo(config: DictConfig) -> None:
 def main(config: DictConfig) -> None:
     try:
         run_dapo(config)
-    except ConfigError as err:  # bad input: one line naming the fix, no traceback
-        print(f"main_dapo: error: {err}", file=sys.stderr)
-        sys.exit(2)
     except KeyboardInterrupt:
         print(f"main_dapo: interrupted; the checkpoints in {config.trainer.default_local_dir} are kept: run the "
               "same command to resume from the latest", file=sys.stderr)
         sys.exit(130)
-    except Exception as err:  # raised in a Ray worker (a failing reward function, a starved sampler): wrapped
-        from recipe.common.rundir import carried_error
+    except Exception as err:  # bad input (ConfigError, exit 2) or a run stopped (RunStopped, exit 1): one line, no
+        from recipe.common.rundir import carried_error  # traceback, also when raised in a Ray worker and wrapped
 
         carried = carried_error(err)
         if carried is None:
