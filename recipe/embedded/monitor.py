@@ -29,6 +29,10 @@ PLOTS = {  # file name -> (title, [(y-axis label, metric names drawn), ...]: one
     ]),
     "entropy.png": ("policy entropy", [("entropy (nats per token)", ("actor/entropy",))]),
     "response_length.png": ("response length", [("length (tokens)", ("response_length/mean", "response_length/max"))]),
+    "truncation_clipping.png": ("overlong responses and clipped tokens", [
+        ("fraction of responses (0 to 1)", ("dapo/overlong_frac", "response_length/clip_ratio")),
+        ("fraction of tokens clipped (0 to 1)", ("dapo/clipfrac_high", "dapo/clipfrac_low", "actor/dapo/clipfrac_*")),
+    ]),
     "kept_group_frac.png": ("dynamic sampling: kept-group fraction", [
         ("kept groups / generated groups (0 to 1)", ("dapo/kept_group_frac",)),
     ]),

@@ -55,6 +55,7 @@ from dapo.sampling import BatchFiller
 from dapo.settings import eos_token_ids
 from dapo.shaping import overlong_penalty
 from recipe.common import checks
+from recipe.common.cpu import cpu_has_bf16
 from recipe.common.identity import check_same_run, run_identity
 from recipe.common.rundir import lock_run_dir, unlock_run_dir
 from recipe.embedded import checkpoint
@@ -76,7 +77,7 @@ class Policy:
     eos_ids: torch.Tensor  # [E] every token that ends a response
     pad_id: int
     device: torch.device
-    autocast_dtype: torch.dtype | None  # bf16 compute over fp32 weights on a GPU
+    autocast_dtype: torch.dtype | None  # bf16 compute over fp32 weights (a GPU, or a CPU with native bf16)
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -582,8 +583,11 @@ def _device_and_dtypes(c: EngineConfig) -> tuple[torch.device, torch.dtype, torc
         return device, torch.float64, None
     if name == "float32":
         return device, torch.float32, None
-    if device.type != "cuda":
-        raise ConfigError(f"embedded.dtype={name} is for GPUs; on the CPU use float32 (or auto)")
+    if device.type != "cuda" and (name == "float16" or not cpu_has_bf16()):
+        raise ConfigError(
+            f"embedded.dtype={name} needs a GPU{'' if name == 'float16' else ' or a CPU with AVX-512 BF16 or AMX'}; "
+            "on this CPU use float32 (or auto)"
+        )
     return device, torch.float32, getattr(torch, name)  # fp32 master weights, low-precision compute
 
 

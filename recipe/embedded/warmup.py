@@ -131,10 +131,15 @@ def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device,
 
 def supervised_warmup(
     model, tokenizer, train_file: Path, *, steps: int, batch_size: int, lr: float, seed: int,
-    progress_bar: bool = False,
+    progress_bar: bool = False, autocast_dtype: torch.dtype | None = None,
 ) -> float:
     """Teacher-forced cross-entropy on the task's solution (``Answer: <ground truth>``, or the worked solution of
-    ``addition_steps``) followed by EOS, for random train prompts; the last loss."""
+    ``addition_steps``) followed by EOS, for random train prompts; the last loss.
+
+    ``autocast_dtype`` (e.g. bf16): the forward runs under ``torch.autocast`` of that dtype, one context per step.
+    Never wrap the whole loop in one autocast context instead: autocast caches its low-precision copy of each
+    weight for the context's lifetime, so later steps would compute with the first step's weights while the
+    optimizer moves the fp32 ones (measured here: the batch loss fell to 0.08 while the saved model's rose to 18)."""
     import pandas as pd
 
     rows = pd.read_parquet(train_file)
@@ -159,9 +164,11 @@ def supervised_warmup(
         for row, i in enumerate(idx):
             response[row, : len(targets[i])] = targets[i]
             mask[row, : len(targets[i])] = 1
-        log_prob, _ = sequence_log_probs(
-            model, [prompts[i] for i in idx], response, mask, temperature=1.0, pad_id=tokenizer.pad_token_id
-        )  # [B, T]
+        device_type = next(model.parameters()).device.type
+        with torch.autocast(device_type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            log_prob, _ = sequence_log_probs(
+                model, [prompts[i] for i in idx], response, mask, temperature=1.0, pad_id=tokenizer.pad_token_id
+            )  # [B, T]
         loss = -(log_prob * mask.to(log_prob.device)).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

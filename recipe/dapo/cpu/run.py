@@ -1,7 +1,9 @@
 """``python -m recipe.dapo.cpu.run [key=value ...]``: the verl engine on a CPU, what ``make verl-cpu`` runs.
 
-1. prepares the model and data (:mod:`recipe.dapo.cpu.prepare`);
-2. runs ``python -m recipe.dapo.main_dapo +experiment=cpu_tiny [key=value ...]`` with the environment below;
+1. prepares the model and data: for ``cpu_tiny`` (the default) through :mod:`recipe.dapo.cpu.prepare`; for
+   another experiment (``DAPO_VERL_CPU_EXPERIMENT=cpu_smollm2``, what ``make verl-cpu-smollm2`` sets) it checks
+   that the experiment's model and data exist (``make model`` prepares them, in the project's main venv);
+2. runs ``python -m recipe.dapo.main_dapo +experiment=<experiment> [key=value ...]`` with the environment below;
 3. prints where the metrics (verl's ``file`` logger, one JSON line per step), the W&B offline run and the
    checkpoints went (all under ``trainer.default_local_dir``).
 
@@ -26,7 +28,7 @@ CPU_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_DEDUP_LOGS": "0",
 }
-EXPERIMENT = "cpu_tiny"
+EXPERIMENT = os.environ.get("DAPO_VERL_CPU_EXPERIMENT", "cpu_tiny")
 
 
 def cpu_env(base: dict | None = None) -> dict[str, str]:
@@ -36,18 +38,34 @@ def cpu_env(base: dict | None = None) -> dict[str, str]:
     return env
 
 
-def run_dir(overrides: list[str]) -> Path:
-    """``trainer.default_local_dir`` of the composed run, absolute."""
+def _composed(overrides: list[str]):
     from recipe.cli import compose
 
-    cfg = compose([f"+experiment={EXPERIMENT}", *overrides], "dapo_trainer")
-    return Path(str(cfg.trainer.default_local_dir)).expanduser().resolve()
+    return compose([f"+experiment={EXPERIMENT}", *overrides], "dapo_trainer")
+
+
+def run_dir(overrides: list[str]) -> Path:
+    """``trainer.default_local_dir`` of the composed run, absolute."""
+    return Path(str(_composed(overrides).trainer.default_local_dir)).expanduser().resolve()
+
+
+def _assets(overrides: list[str]) -> str:
+    if EXPERIMENT == "cpu_tiny":
+        from recipe.dapo.cpu.prepare import prepare
+
+        return str(prepare())
+    cfg = _composed(overrides)
+    wanted = {"actor_rollout_ref.model.path": Path(str(cfg.actor_rollout_ref.model.path)) / "config.json",
+              "data.train_files": Path(str(cfg.data.train_files)), "data.val_files": Path(str(cfg.data.val_files))}
+    missing = [f"{key}: {path}" for key, path in wanted.items() if not path.exists()]
+    if missing:
+        raise SystemExit(f"verl-cpu: the {EXPERIMENT} experiment's model or data is missing ({'; '.join(missing)}); "
+                         "run `make model` first (python -m recipe.smollm2 in the main venv)")
+    return str(Path(str(cfg.actor_rollout_ref.model.path)).resolve())
 
 
 def main(overrides: list[str]) -> int:
-    from recipe.dapo.cpu.prepare import prepare
-
-    assets = prepare()
+    assets = _assets(overrides)
     out = run_dir(overrides)
     out.mkdir(parents=True, exist_ok=True)
     env = cpu_env()
