@@ -2,8 +2,8 @@
 
 Names follow verl's where verl logs the same quantity (``actor/entropy``, ``response_length/mean``,
 ``critic/score/mean``, ...) so dashboards carry over; DAPO-specific ones live under ``dapo/``.
-``METRIC_DOCS`` holds one line per metric (what it means, what healthy looks like); the README's metric
-table is checked against it by the tests.
+``METRIC_DOCS`` holds one line per metric (what it means, what healthy looks like); the docs site's metrics
+reference (``docs/reference/metrics.md``) is generated from it, and nothing else writes those meanings.
 """
 
 from __future__ import annotations
@@ -80,6 +80,13 @@ METRIC_DOCS: dict[str, str] = {
     "should rise",
     "val-aux/{data_source}/score/mean@{k}": "validation score (+1/-1) averaged over k samples per problem",
     "val-aux/response_length/mean": "mean validation response length",
+    "val-aux/{data_source}/overlong_reward/mean@{k}": "verl engine: mean validation overlong penalty; near 0",
+    # verl engine only
+    "actor/dapo/clipfrac_high": "verl engine: dapo/clipfrac_high under verl's actor/ prefix (tokens with A>0 clipped "
+    "at 1+clip_ratio_high); small and non-zero shows Clip-Higher acting",
+    "actor/dapo/clipfrac_low": "verl engine: dapo/clipfrac_low under verl's actor/ prefix (tokens with A<0 clipped at "
+    "1-clip_ratio_low); small",
+    "training/rollout_failure/evicted_samples": "verl engine: groups whose generation failed, dropped; 0",
 }
 
 

@@ -26,7 +26,9 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_the_site_builds_with_every_page_reachable(site):
-    for page in ("index", "testing", "reference/configuration", "reference/metrics"):
+    pages = ("index", "embedded", "verl", "real-model", "algorithm", "benchmarks", "ablation", "testing",
+             "reference/configuration", "reference/metrics")
+    for page in pages:
         assert (site / f"{page}.html").is_file(), page
 
 

@@ -37,7 +37,9 @@ def metrics_page() -> str:
 
     lines = ["# Metrics reference", "",
              "Generated from `dapo.metrics.METRIC_DOCS`: every metric the engines log, what it means and what "
-             "healthy looks like.", "", "| metric | meaning |", "| --- | --- |"]
+             "healthy looks like. Both engines log these names (verl's where verl has the quantity); W&B shows them "
+             "with `trainer.logger=[console,wandb]`. On the verl engine the loss's own metrics get verl's `actor/` "
+             "prefix (`actor/dapo/clipfrac_high`).", "", "| metric | meaning |", "| --- | --- |"]
     lines += [f"| `{name}` | {_cell(text)} |" for name, text in METRIC_DOCS.items()]
     return "\n".join(lines) + "\n"
 
