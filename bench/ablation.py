@@ -54,7 +54,7 @@ interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "
 Run: python -m bench.ablation [--config-name NAME] [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH]
                               [--out DIR] [key=value ...]
 Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 60 steps, as many runs at a time as
-CPUs, one torch thread each (README.md, "The ablation": 49 minutes on 2 cores, plus a one-time 7-minute warm-up
+CPUs, one torch thread each (docs/ablation.md: 49 minutes on 2 cores, plus a one-time 7-minute warm-up
 of the start model when it is not cached); ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4 steps;
 ``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset. The presets apply
 to any ``--config-name`` unchanged.

@@ -122,7 +122,7 @@ def test_environment_and_extra_arguments(tmp_path):
 
 
 def test_aime_avg32_evaluation_command_composes(default_run):
-    # README.md (The verl engine): evaluate a checkpoint (or a model with resume_mode=disable) on AIME 2024, avg@32
+    # docs/verl.md (Launching): evaluate a checkpoint (or a model with resume_mode=disable) on AIME 2024, avg@32
     _, overrides = default_run
     cfg = compose_overrides(overrides + ["trainer.val_only=true", "trainer.val_before_train=true",
                                          "trainer.resume_mode=resume_path",
