@@ -39,10 +39,16 @@ Figures (per seed, medians over its rollout steps; then the median and range of 
   mean curve        time to target on the accuracy curves averaged over the seeds (less evaluation noise than
                     one seed's first crossing), for targets at 0.5, 0.75 and 0.9 of the smaller gain.
 
-Run: python -m bench.bench_trl [--quick] [--seeds S ...] [--json PATH] [key=value ...]   (engine overrides)
-Default: 5 seeds of 48 rollout steps each, snapshots every 2 (about 15 minutes on 2 shared cores, a third of it
-evaluation, plus a one-time warm-up of the start model if it is not cached); --quick: one seed, 6 steps, every 3,
-64 held-out problems (under a minute).
+Run: python -m bench.bench_trl [--quick | --real-model] [--seeds S ...] [--json PATH] [key=value ...]
+(key=value: engine overrides, applied to both). Default: 5 seeds of 48 rollout steps each, snapshots every 2 (about
+15 minutes on 2 shared cores, a third of it evaluation, plus a one-time warm-up of the start model if it is not
+cached); --quick: one seed, 6 steps, every 3, 64 held-out problems (under a minute).
+
+--real-model: the same comparison on SmolLM2-135M-Instruct (``configs/embedded_smollm2.yaml``, ``make model``
+first): 8 prompts x 4 responses of up to 104 tokens a step, 2 updates, one seed of 6 rollout steps, snapshots every
+3, mean@1 over 128 held-out problems. Where the engine computes in bf16 (``embedded.dtype=bfloat16`` on a CPU with
+AVX-512 BF16) TRL is given the same precision (``bf16=True``: mixed precision over fp32 weights) and the evaluator
+samples every snapshot in bf16.
 """
 
 from __future__ import annotations
@@ -62,9 +68,13 @@ from bench.common import parser, print_table, write_json
 from dapo.settings import eos_token_ids
 
 CONTENDERS = ("ours", "trl")
-PRESETS = {  # rollout steps, steps between snapshots, seeds, engine overrides (both read them)
-    "default": {"steps": 48, "eval_every": 2, "seeds": [0, 1, 2, 3, 4], "overrides": []},
-    "quick": {"steps": 6, "eval_every": 3, "seeds": [0], "overrides": ["data.val_max_samples=64"]},  # mean@4 / 64
+PRESETS = {  # config, rollout steps, steps between snapshots, seeds, engine overrides (both read them)
+    "default": {"config": "embedded", "steps": 48, "eval_every": 2, "seeds": [0, 1, 2, 3, 4], "overrides": []},
+    "quick": {"config": "embedded", "steps": 6, "eval_every": 3, "seeds": [0],
+              "overrides": ["data.val_max_samples=64"]},  # mean@4 over 64 problems
+    # the real model (make model): SmolLM2-135M-Instruct on word problems, bf16 compute where the CPU has it
+    "real-model": {"config": "embedded_smollm2", "steps": 6, "eval_every": 3, "seeds": [0],
+                   "overrides": ["data.val_max_samples=128"]},  # mean@1 over 128 problems
 }
 TARGET_FRACTION = 0.9  # default target: start + 0.9 x the smallest best gain of any contender in any seed
 MEAN_CURVE_FRACTIONS = (0.5, 0.75, 0.9)  # targets on the seed-mean curves: these fractions of the smaller gain
@@ -89,12 +99,13 @@ def engine_overrides(run_dir: Path, steps: int, eval_every: int, threads: int | 
     ] + ([] if threads is None else [f"embedded.num_threads={threads}"])
 
 
-def engine_config(overrides: list[str]):
-    """The composed config (as ``dapo-train`` composes it) and the engine's checked view of it."""
+def engine_config(overrides: list[str], config_name: str = "embedded"):
+    """The composed config (as ``dapo-train --config-name <config_name>`` composes it) and the engine's checked
+    view of it."""
     from recipe.cli import compose
     from recipe.embedded.config import read_config
 
-    cfg = compose(overrides)
+    cfg = compose(overrides, config_name)
     return cfg, read_config(cfg)
 
 
@@ -172,7 +183,7 @@ def worker(name: str, spec: dict, turns: Turns) -> None:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     try:
-        cfg, c = engine_config(spec["overrides"])
+        cfg, c = engine_config(spec["overrides"], spec["config_name"])
         if c.num_threads is not None:  # as the engine does (None: torch's default)
             torch.set_num_threads(c.num_threads)
         train = train_ours if name == "ours" else train_trl
@@ -264,11 +275,16 @@ class Evaluator:
     def load(self, weights: str):
         from transformers import AutoModelForCausalLM
 
+        from recipe.common.cpu import cpu_has_bf16
+        from recipe.embedded.trainer import low_precision_copy
+
         if weights.endswith(".pt"):  # a TRL snapshot: state dict of the start model's architecture
             model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
             model.load_state_dict(torch.load(weights, map_location="cpu"))
         else:
             model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
+        if self.c.dtype == "bfloat16" and cpu_has_bf16():  # sampled as the engine samples, the same for every model
+            model = low_precision_copy(model, torch.bfloat16)
         return model.eval()
 
     @torch.no_grad()
@@ -480,6 +496,9 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="engine config overrides (key=value, verl's names), applied to both")
     p.add_argument("--quick", action="store_true",
                    help="6 rollout steps, evaluated every 3 on 64 held-out problems, one seed (about 2 minutes)")
+    p.add_argument("--real-model", action="store_true",
+                   help="SmolLM2-135M-Instruct on word problems (configs/embedded_smollm2.yaml; `make model` first): "
+                        "6 rollout steps, evaluated every 3 on 128 held-out problems, one seed")
     p.add_argument("--steps", type=int, default=None, help="rollout steps per contender")
     p.add_argument("--eval-every", type=int, default=None, help="rollout steps between snapshots")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
@@ -492,7 +511,8 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=".*engine is not available.*")  # verl's optional engines
     os.environ["WANDB_MODE"] = "disabled"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    preset = PRESETS["quick" if args.quick else "default"]
+    preset_name = "real-model" if args.real_model else "quick" if args.quick else "default"
+    preset = PRESETS[preset_name]
     steps, every = args.steps or preset["steps"], args.eval_every or preset["eval_every"]
     seeds = args.seeds or preset["seeds"]
     if steps % every:
@@ -507,12 +527,12 @@ def main() -> None:
             out_dir.mkdir(parents=True, exist_ok=True)
             overrides = engine_overrides(out_dir / "ours_run", steps, every, args.threads, seed) + preset["overrides"]
             overrides += args.overrides
-            _, c = engine_config(overrides)
+            _, c = engine_config(overrides, preset["config"])
             model_dir = start_model(c)
             train_file, val_files = data_files(c)
             check_prompt_parity(c, model_dir, train_file)
-            spec = {"overrides": overrides, "model_dir": model_dir, "train_file": train_file, "steps": steps,
-                    "eval_every": every, "out_dir": str(out_dir)}
+            spec = {"overrides": overrides, "config_name": preset["config"], "model_dir": model_dir,
+                    "train_file": train_file, "steps": steps, "eval_every": every, "out_dir": str(out_dir)}
             print(f"seed {seed}: training both")
             results[seed] = run_alternating(spec, out_dir)
 
@@ -534,7 +554,8 @@ def main() -> None:
                     "train_batch_size": c.train_batch_size, "gen_batch_size": c.gen_batch_size,
                     "ppo_mini_batch_size": c.ppo_mini_batch_size, "max_response_length": c.max_response_length,
                     "lr": c.lr, "val_n": c.val_n, "val_top_p": c.val_top_p, "overrides": args.overrides,
-                    "filter_groups": c.dapo.filter.enable, "preset": "quick" if args.quick else "default"}
+                    "filter_groups": c.dapo.filter.enable, "preset": preset_name, "config": preset["config"],
+                    "dtype": c.dtype}
         report(per_seed, summ, settings)
         write_json(args.json, {"target_acc": target, "seeds": {str(k): v for k, v in per_seed.items()},
                                "summary": summ, "settings": settings})

@@ -28,8 +28,9 @@ lr_warmup_steps = W rollout steps, then     ... a LambdaLR whose factor is (u //
 grad_clip                                   max_grad_norm
 rollout.temperature / top_p / top_k         temperature / top_p / top_k (-1 -> 0), repetition_penalty 1.0
 data.max_response_length                    max_completion_length
-fp32 on CPU, no gradient checkpointing      bf16=False, gradient_checkpointing=False (TRL's CPU defaults are
-                                              bf16=True and checkpointing on: 10-40x slower on a tiny model)
+embedded.dtype (fp32 on a CPU by default)   bf16 = embedded.dtype is bfloat16 and it runs here (TRL's CPU
+  no gradient checkpointing                   default bf16=True made the tiny model 10-40x slower), and
+                                              gradient_checkpointing=False (TRL's default is on)
 dropout off                                 disable_dropout=True
 ==========================================  =========================================================
 
@@ -73,7 +74,7 @@ def trl_grpo_kwargs(c, output_dir: str, rollout_steps: int) -> dict:
         report_to="none",
         seed=c.seed,
         use_cpu=not torch.cuda.is_available(),
-        bf16=False,
+        bf16=_bf16(c),
         fp16=False,
         gradient_checkpointing=False,
         disable_dropout=True,
@@ -110,6 +111,16 @@ def trl_grpo_kwargs(c, output_dir: str, rollout_steps: int) -> dict:
         log_completions=False,
         dataloader_num_workers=0,
     )
+
+
+def _bf16(c) -> bool:
+    """Mixed precision as the engine computes: bf16 over fp32 weights where ``embedded.dtype=bfloat16`` runs (a GPU,
+    or a CPU with native bf16); fp32 otherwise, including the tiny model's default (``auto``: fp32 on a CPU)."""
+    if c.dtype != "bfloat16":
+        return False
+    from recipe.common.cpu import cpu_has_bf16
+
+    return torch.cuda.is_available() or cpu_has_bf16()
 
 
 def updates_per_rollout(c) -> int:

@@ -1,0 +1,60 @@
+"""The benches' real-model settings compose what they say: ``bench.bench_engines --real-model`` runs the two real-model
+configs with the same overrides, ``bench.bench_trl --real-model`` reads configs/embedded_smollm2.yaml and gives TRL
+the engine's precision, and ``bench.ablation_start`` finds a configured model's data and end tokens."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from bench import bench_engines, bench_trl
+from bench.trl_peer import _bf16, trl_grpo_kwargs
+from recipe.cli import compose
+from recipe.common.cpu import cpu_has_bf16
+from recipe.embedded.config import read_config
+
+
+def test_bench_engines_real_model_runs_both_real_model_configs_with_the_same_overrides():
+    overrides = bench_engines.shared_overrides(4, real_model=True)
+    embedded = compose(overrides, "embedded_smollm2")
+    verl = compose(["+experiment=cpu_smollm2", *overrides], "dapo_trainer")
+    for key in ("trainer.total_training_steps", "trainer.test_freq", "data.val_max_samples", "data.max_response_length",
+                "actor_rollout_ref.model.path", "data.train_files"):
+        assert OmegaConf.select(embedded, key) == OmegaConf.select(verl, key), key
+    assert embedded.trainer.total_training_steps == 4 and embedded.trainer.save_freq == -1
+    assert embedded.data.val_max_samples == 64 and embedded.data.max_response_length == 104
+    # the tiny setting is unchanged
+    assert "data.max_response_length=8" in bench_engines.shared_overrides(8)
+
+
+@pytest.mark.parametrize("preset", ["default", "real-model"])
+def test_bench_trl_presets_compose_their_config(preset, tmp_path):
+    spec = bench_trl.PRESETS[preset]
+    assert spec["steps"] % spec["eval_every"] == 0
+    overrides = bench_trl.engine_overrides(tmp_path / "run", spec["steps"], spec["eval_every"], None, 0)
+    _, c = bench_trl.engine_config(overrides + spec["overrides"], spec["config"])
+    assert c.total_training_steps == spec["steps"] and c.save_freq == spec["eval_every"]
+    kwargs = trl_grpo_kwargs(c, str(tmp_path / "trl"), spec["steps"])
+    # 8 prompts x 4 responses in micro-batches of 16 (real model), B/b updates per rollout either way
+    assert kwargs["max_steps"] == spec["steps"] * c.train_batch_size // c.ppo_mini_batch_size * c.ppo_epochs
+    assert kwargs["max_completion_length"] == c.max_response_length
+    if preset == "real-model":
+        assert c.model_path.endswith("smollm2/run/model") and c.max_response_length == 104
+        assert kwargs["bf16"] == cpu_has_bf16()  # TRL computes as the engine does: bf16 where this CPU has it
+    else:
+        assert c.model_path is None and kwargs["bf16"] is False  # the tiny model: fp32 on a CPU (embedded.dtype=auto)
+
+
+def test_trl_precision_follows_the_engine_dtype():
+    base = read_config(compose([], "embedded_smollm2"))
+    assert _bf16(read_config(compose(["embedded.dtype=float32"], "embedded_smollm2"))) is False
+    assert _bf16(base) is cpu_has_bf16()
+
+
+def test_start_model_bench_counts_operations_of_both_tasks():
+    from bench.ablation_start import ANSWER_LINE, _operations
+
+    assert _operations({"num_ops": 3, "solution": "a\nb\nc\nd\nAnswer: 1"}) == 3  # word problems
+    assert _operations({"solution": "12 + 3 = 15\n15 + 4 = 19\nAnswer: 19"}) == 2  # the chain tasks: lines
+    assert ANSWER_LINE.search("so 4 + 5 = 9.\nAnswer: 9").group(1) == "9"
+    assert ANSWER_LINE.search("The answer is: 22") is None  # what the base model writes; the scorer reads nothing
