@@ -18,7 +18,14 @@ block-causal row: one model call; what ``layout="auto"`` picks for these short r
 
 A step = generate + score + old_log_prob + 8 updates (one round; dynamic sampling may add rounds).
 
-Run: python -m bench.bench_step [--repeats N] [--json PATH]
+``--config-name embedded_smollm2``: the same parts on the real model (SmolLM2-135M-Instruct, ``make model`` first;
+a round of 12 prompts x 4 responses of up to 104 tokens, 2 updates of 16 responses, every core). Where the config
+computes in bf16 (``embedded.dtype=bfloat16`` on a CPU with native bf16) every part runs under bf16 autocast over
+fp32 weights, as the engine trains, except the engine's generation, which samples with its bf16 copy of the policy
+(``Policy.sampler``); one more contender, ``generate/autocast`` (the engine's loop under autocast, what it did
+before that copy), shows what the copy saves. Use ``--repeats 3``: one HF generation takes about a minute there.
+
+Run: python -m bench.bench_step [--config-name NAME] [--repeats N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,18 +37,23 @@ import torch
 from bench.common import parser, print_table, time_interleaved, write_json
 
 
-def setup():
+def setup(config_name: str = "embedded"):
     from recipe.cli import compose
     from recipe.embedded.config import read_config
     from recipe.embedded.data import load_prompts
     from recipe.embedded.trainer import load_tokenizer
     from recipe.embedded.warmup import task_files, warm_model
 
-    c = read_config(compose(["embedded.progress_bar=false"]))
-    torch.set_num_threads(c.num_threads or 1)
-    model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
+    c = read_config(compose(["embedded.progress_bar=false"], config_name))
+    if c.model_path is not None:  # a real model and its own data files; every core unless the config says
+        model_dir, train_file = c.model_path, c.train_files[0]
+        torch.set_num_threads(c.num_threads or torch.get_num_threads())
+    else:
+        torch.set_num_threads(c.num_threads or 1)
+        model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
+        train_file = str(task_files(c.cache_dir, c.task) / "train.parquet")
     tok = load_tokenizer(model_dir)
-    train = load_prompts([str(task_files(c.cache_dir, c.task) / "train.parquet")], tok, files_key="data.train_files",
+    train = load_prompts([train_file], tok, files_key="data.train_files",
                          prompt_key=c.prompt_key, reward_fn_key=c.reward_fn_key,
                          max_prompt_length=c.max_prompt_length, filter_overlong_prompts=False,
                          truncation=c.truncation, max_samples=c.gen_batch_size, seed=c.data_seed)
@@ -49,22 +61,36 @@ def setup():
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--config-name", default="embedded", help="the embedded config under configs/ (default: embedded)")
+    args = p.parse_args()
     from transformers import AutoModelForCausalLM
 
     from dapo.reward import compute_score
+    from dapo.settings import eos_token_ids
+    from recipe.common.cpu import cpu_has_bf16
     from recipe.embedded.decode import sample, shared_prompt_log_probs
     from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate, sequence_log_probs
+    from recipe.embedded.trainer import low_precision_copy
 
-    c, model_dir, tok, train = setup()
+    c, model_dir, tok, train = setup(args.config_name)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    eos, pad = torch.tensor([tok.eos_token_id]), tok.pad_token_id
+    eos = torch.tensor(eos_token_ids(tok.eos_token_id, model.generation_config.eos_token_id))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else int(eos[0])
+    bf16 = c.dtype == "bfloat16" and cpu_has_bf16()  # the engine's rule: bf16 compute over fp32 weights
+    sampler = low_precision_copy(model, torch.bfloat16) if bf16 else model  # what the engine generates with
+
+    def autocast(fn):  # a part as the engine computes it
+        def call():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                return fn()
+        return call
     params = SamplingParams(True, c.temperature, c.top_p, c.top_k)
     prompts = train.prompt_ids[: c.gen_batch_size]
     gen_kwargs = dict(n=c.n, params=params, max_new_tokens=c.max_response_length, eos_ids=eos, pad_id=pad,
                       max_num_seqs=c.max_num_seqs)
     torch.manual_seed(0)
-    ids, mask, _ = sample(model, prompts, **gen_kwargs)  # [192, T]
+    ids, mask, _ = sample(sampler, prompts, **gen_kwargs)  # [192, T]
     trained = c.train_batch_size * c.n
     rows = [p for p in prompts for _ in range(c.n)][:trained]
     ids_t, mask_t = ids[:trained], mask[:trained]
@@ -95,7 +121,7 @@ def main() -> None:
     lp_kwargs = dict(temperature=c.temperature, pad_id=pad, micro_batch_size=c.log_prob_micro_batch_size)
     contenders = {
         "generate/hf": lambda: generate(model, prompts, **gen_kwargs),
-        "generate/ours": lambda: sample(model, prompts, **gen_kwargs),
+        "generate/ours": lambda: sample(sampler, prompts, **gen_kwargs),
         "score": lambda: [compute_score(None, t, g) for t, g in zip(texts, truths)],
         "old_log_prob/hf": lambda: batched_log_probs(model, rows, ids_t, mask_t, **lp_kwargs),
         "old_log_prob/cache": lambda: batched_log_probs(model, rows, ids_t, mask_t, **lp_kwargs,
@@ -106,6 +132,9 @@ def main() -> None:
         **{f"update/{layout}": partial(update, shared_prompt_log_probs, optimizers["ours"], ids_t[:micro, :own_width],
                                        mask_t[:micro, :own_width], layout=layout) for layout in ("cache", "packed")},
     }
+    if bf16:  # the engine's loop under autocast over the fp32 weights: before the bf16 copy
+        contenders["generate/autocast"] = lambda: sample(model, prompts, **gen_kwargs)
+    contenders = {name: fn if name == "generate/ours" else autocast(fn) for name, fn in contenders.items()}
     t = time_interleaved(contenders, args.repeats)
     updates = c.train_batch_size // c.ppo_mini_batch_size * c.ppo_epochs
     layouts = ("cache", "packed")
@@ -122,14 +151,20 @@ def main() -> None:
                          hf / packed if packed else float("inf"), cache / packed if packed else float("inf")])
     rows_out.append(["one round step", *(steps[k] * 1e3 for k in ("hf", "cache", "packed")),
                      steps["hf"] / steps["packed"], steps["cache"] / steps["packed"]])
-    print(f"\none round of {c.gen_batch_size} prompts x {c.n}, {updates} updates of {micro} responses; "
+    print(f"\none round of {c.gen_batch_size} prompts x {c.n}, {updates} updates of {micro} responses, "
+          f"{torch.get_num_threads()} torch thread(s), {'bf16 compute' if bf16 else 'fp32'}; "
           f"medians of {args.repeats} alternating repeats, ms; the engine's old_log_prob = bypass_mode (the "
           f"shared-prompt recomputation takes {t['old_log_prob/cache'] * 1e3:.1f} ms in the cache layout, "
           f"{t['old_log_prob/packed'] * 1e3:.1f} ms packed)")
     print_table(["part", "HF path", "engine, cache layout", "engine, packed", "HF / packed", "cache / packed"],
                 rows_out)
+    if "generate/autocast" in t:
+        print(f"generate, the engine's loop: {t['generate/autocast'] * 1e3:.0f} ms under bf16 autocast over fp32 "
+              f"weights, {t['generate/ours'] * 1e3:.0f} ms with the bf16 copy "
+              f"({t['generate/autocast'] / t['generate/ours']:.2f}x)")
     write_json(args.json, {"ms": {k: v * 1e3 for k, v in t.items()}, "step_ms": {k: v * 1e3 for k, v in steps.items()},
-                           "updates": updates})
+                           "updates": updates, "config": args.config_name, "bf16": bf16,
+                           "threads": torch.get_num_threads()})
 
 
 if __name__ == "__main__":
