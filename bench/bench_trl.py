@@ -14,7 +14,7 @@ configs/embedded.yaml; ``--threads`` sets it):
   trl   ``GRPOTrainer.train()``; a rollout step (``updates_per_rollout`` optimizer steps, generation in the
         first) is timed by a callback from the first ``on_step_begin`` to the last ``on_step_end``.
 Then both sets of snapshots (and the common start) are scored by one evaluator, here: ``sample`` from
-``recipe.embedded.decode`` (Hugging Face ``generate``'s tokens, faster) with the engine's validation sampling
+``recipe.embedded.decode`` (Hugging Face ``generate``'s distribution, faster) with the engine's validation sampling
 (``rollout.val_kwargs``: temperature 1.0, top_p 0.7, mean@4 over the 256 held-out problems), the same seed for
 every snapshot, graded by ``dapo.reward.compute_score``. Evaluation time is excluded from both training times.
 
@@ -300,7 +300,7 @@ class Evaluator:
         params = SamplingParams(c.val_do_sample, c.val_temperature, c.val_top_p, c.val_top_k)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            ids, mask, _ = sample(  # generate's tokens from the same RNG state (tests/test_embedded_decode.py)
+            ids, mask, _ = sample(  # generate's distribution, faster (tests/test_embedded_decode.py)
                 model, self.val.prompt_ids, n=c.val_n, params=params, max_new_tokens=c.max_response_length,
                 eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
             )  # [V*k, T]

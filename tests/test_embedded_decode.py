@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import EPS32, EPS64, reorder_bound
-from recipe.embedded.decode import filter_logits, sample, shared_prompt_log_probs
-from recipe.embedded.rollout import SamplingParams, generate, sequence_log_probs
+from recipe.embedded.decode import draw, filter_logits, sample, shared_prompt_log_probs
+from recipe.embedded.rollout import SamplingParams, generate, left_pad, right_pad, sequence_log_probs
 
 pytestmark = pytest.mark.numerics
 
@@ -59,30 +59,98 @@ PARAMS = [
 ]
 
 
-@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "t1", "top_p0.7", "t0.7_k20_p0.9"])
-def test_same_tokens_as_generate_from_the_same_rng_state(model, params, float64_end_to_end):
-    """Same RNG state, same batch: the decode loop draws exactly ``generate``'s tokens (greedy: token for token;
-    sampled: the same filter, softmax and multinomial, so the same draws)."""
+def reference_sample(model, prompt_list, *, n, params, max_new_tokens, max_num_seqs) -> torch.Tensor:
+    """The decode loop's draws computed without a KV cache: at every step one full forward over each still-active
+    row's prompt and tokens so far (left-padded), then the same filter and the same :func:`draw` over the active
+    rows in order, so the same uniforms; a row stops at its end token. ``[B*n, T]`` ids, right-padded."""
+    chunks, groups = [], max(1, max_num_seqs // n)
+    for start in range(0, len(prompt_list), groups):
+        rows = [p for p in prompt_list[start : start + groups] for _ in range(n)]
+        out: list[list[int]] = [[] for _ in rows]
+        active = list(range(len(rows)))
+        for _ in range(max_new_tokens):
+            ids, mask = left_pad([torch.cat([rows[i], torch.tensor(out[i], dtype=torch.long)]) for i in active], PAD)
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask,
+                               position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]  # [A, V]
+            scores = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+            if params.do_sample:
+                picked = draw(filter_logits(scores, params.temperature, params.top_k, params.top_p).softmax(-1))
+            else:
+                picked = scores.argmax(dim=-1)
+            for i, token in zip(active, picked.tolist()):
+                out[i].append(token)
+            active = [i for i in active if out[i][-1] not in EOS.tolist()]
+            if not active:
+                break
+        width = max(len(o) for o in out)
+        chunks.append(torch.tensor([o + [PAD] * (width - len(o)) for o in out]))
+    return right_pad(chunks, max(c.shape[1] for c in chunks), PAD)
+
+
+def test_greedy_tokens_are_generates(model, float64_end_to_end):
+    """Greedy decoding: token for token ``generate``'s, rows that end early leaving the batch or not."""
     vocab = model.config.vocab_size
-    kwargs = dict(n=4, params=params, max_new_tokens=12, eos_ids=EOS, pad_id=PAD, max_num_seqs=1024)
-    torch.manual_seed(7)
+    kwargs = dict(n=4, params=PARAMS[0], max_new_tokens=12, eos_ids=EOS, pad_id=PAD, max_num_seqs=1024)
     expected_ids, expected_mask = generate(model, prompts(vocab), **kwargs)
-    torch.manual_seed(7)
     ids, mask, _ = sample(model, prompts(vocab), **kwargs)
     assert ids.shape == expected_ids.shape == (20, expected_ids.shape[1])
     torch.testing.assert_close(ids, expected_ids, rtol=0, atol=0)
     torch.testing.assert_close(mask, expected_mask, rtol=0, atol=0)
 
 
-def test_same_tokens_in_chunks_of_max_num_seqs(model, float64_end_to_end):
-    """``max_num_seqs`` = 8 with n = 4: two groups per chunk, as ``generate`` in chunks of 8 rows."""
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "t1", "top_p0.7", "t0.7_k20_p0.9"])
+@pytest.mark.parametrize("max_num_seqs", [1024, 8], ids=["one_chunk", "chunks_of_8"])
+def test_same_tokens_as_a_loop_without_a_cache(model, params, max_num_seqs, float64_end_to_end):
+    """Same RNG state: the decode loop (prompt prefilled once per group, KV cache, ended rows dropped from the
+    batch and the cache) draws exactly the tokens of :func:`reference_sample`, which recomputes every step from the
+    full sequences. ``max_num_seqs`` = 8 with n = 4: two groups per chunk."""
     vocab = model.config.vocab_size
-    kwargs = dict(n=4, params=PARAMS[1], max_new_tokens=6, eos_ids=EOS, pad_id=PAD, max_num_seqs=8)
-    torch.manual_seed(3)
-    expected_ids, _ = generate(model, prompts(vocab), **kwargs)
-    torch.manual_seed(3)
-    ids, _, _ = sample(model, prompts(vocab), **kwargs)
-    torch.testing.assert_close(ids, expected_ids, rtol=0, atol=0)
+    kwargs = dict(n=4, params=params, max_new_tokens=12, max_num_seqs=max_num_seqs)
+    torch.manual_seed(7)
+    expected = reference_sample(model, prompts(vocab), **kwargs)
+    torch.manual_seed(7)
+    ids, mask, _ = sample(model, prompts(vocab), eos_ids=EOS, pad_id=PAD, **kwargs)
+    torch.testing.assert_close(ids, expected, rtol=0, atol=0)
+    if vocab == 64 and params.do_sample:  # end tokens 2 of 64: rows end at different steps and leave the batch
+        lengths = mask.sum(-1)
+        assert lengths.min() < lengths.max()
+
+
+def test_draw_follows_the_probabilities_and_never_draws_an_impossible_token():
+    """200,000 rows of probs [0.1, 0, 0.6, 0.3, 0]: each frequency within 5 standard errors (sqrt(p(1-p)/N),
+    at most 0.0011 here) of its probability, seeded, and tokens 1 and 4 (probability 0) never drawn."""
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0]).expand(200_000, 5)
+    torch.manual_seed(0)
+    counts = torch.bincount(draw(probs), minlength=5).double() / 200_000
+    se = (probs[0].double() * (1 - probs[0].double()) / 200_000).sqrt()
+    assert bool(((counts - probs[0]).abs() <= 5 * se + 1e-12).all()), counts
+    assert counts[1] == 0 and counts[4] == 0
+
+
+def test_draw_at_the_top_of_the_uniform_stays_on_a_possible_token(monkeypatch):
+    """A uniform that rounds up to the row's total would point past the last token; the draw keeps the last token
+    of positive probability instead (here token 1 of [0.5, 0.5, 0])."""
+    monkeypatch.setattr(torch, "rand", lambda size, dtype=None, device=None: torch.ones(size, dtype=dtype))
+    assert draw(torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])).tolist() == [1, 2]
+
+
+def test_a_row_that_ends_leaves_the_batch():
+    """EOS = the greedy first token of prompt 0 only: its 3 responses end at the first token, and every later
+    decoding call runs prompt 1's 3 rows alone (batch 3, not 6)."""
+    model = qwen2(64)
+    distinct = prompts(64, count=2)
+    with torch.no_grad():
+        first = [int(model(input_ids=p.unsqueeze(0)).logits[0, -1].argmax()) for p in distinct]
+    assert first[0] != first[1]
+    batches = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape),
+                                    with_kwargs=True)
+    ids, mask, _ = sample(model, distinct, n=3, params=PARAMS[0], max_new_tokens=5, eos_ids=torch.tensor([first[0]]),
+                          pad_id=PAD, max_num_seqs=64)
+    assert batches[0][0] == 2 and all(shape == (3, 1) for shape in batches[1:]) and len(batches) == 5
+    assert mask.sum(-1).tolist() == [1, 1, 1, 5, 5, 5]
+    assert (ids[:3, 1:] == PAD).all()
 
 
 def test_the_loop_stops_when_every_response_has_ended():
@@ -113,8 +181,9 @@ def test_filter_logits_worked_example():
     torch.testing.assert_close(probs, torch.tensor([[0.25, 0.09, 0.0225, 0.0025]]) / 0.365)
 
 
+@pytest.mark.parametrize("vocab", [64, 151936], ids=["vocab64", "vocab151936"])  # 64: rows end early, leave the batch
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
-def test_sampling_log_probs_equal_a_full_forward(dtype, request):
+def test_sampling_log_probs_equal_a_full_forward(dtype, vocab, request):
     """The log-probs kept from the sampling pass (incremental, KV cache, prompt prefilled once) against
     ``sequence_log_probs`` (one forward over prompt + response): the same algebra in another summation order, so
     equal within the bound that order allows on every response token. The sums are over the hidden size, the
@@ -123,12 +192,12 @@ def test_sampling_log_probs_equal_a_full_forward(dtype, request):
     in fp64, against bounds of about 1e-3 and 1e-12; an off-by-one position or a stale cache moves them by > 1e-2."""
     if dtype == torch.float64:
         request.getfixturevalue("float64_end_to_end")
-    model = qwen2(151936, dtype)
+    model = qwen2(vocab, dtype)
     params = SamplingParams(True, 0.8, 1.0, 0)
     torch.manual_seed(5)
-    ids, mask, log_probs = sample(model, prompts(151936), n=4, params=params, max_new_tokens=10, eos_ids=EOS,
+    ids, mask, log_probs = sample(model, prompts(vocab), n=4, params=params, max_new_tokens=10, eos_ids=EOS,
                                   pad_id=PAD, max_num_seqs=1024)
-    rows = [p for p in prompts(151936) for _ in range(4)]
+    rows = [p for p in prompts(vocab) for _ in range(4)]
     with torch.no_grad():
         expected, _ = sequence_log_probs(model, rows, ids, mask, temperature=0.8, pad_id=PAD)
     assert log_probs.dtype == expected.dtype

@@ -1,7 +1,8 @@
 """The reference rollout: Hugging Face ``generate`` and the policy's per-token log-probabilities.
 
 The engine samples with its own decode loop (:func:`recipe.embedded.decode.sample`); :func:`generate` survives as
-the reference the tests hold it to (the same tokens from the same RNG state, ``tests/test_embedded_decode.py``), and
+the reference the tests hold its greedy tokens to (``tests/test_embedded_decode.py``; sampled ones are held to a loop
+without a cache drawing the same uniforms) and the HF path ``bench.bench_step`` times, and
 :func:`sequence_log_probs` as the full-forward reference of the shared-prompt update.
 
 Layout (as verl's): a prompt is left-padded, its response right-padded; the G responses of a prompt are
