@@ -135,7 +135,7 @@ def main() -> None:
     if bf16:  # the engine's loop under autocast over the fp32 weights: before the bf16 copy
         contenders["generate/autocast"] = lambda: sample(model, prompts, **gen_kwargs)
     contenders = {name: fn if name == "generate/ours" else autocast(fn) for name, fn in contenders.items()}
-    t = time_interleaved(contenders, args.repeats)
+    t = time_interleaved(contenders, args.repeats, warmup=1 if c.model_path else 2)  # a real model: minutes a call
     updates = c.train_batch_size // c.ppo_mini_batch_size * c.ppo_epochs
     layouts = ("cache", "packed")
     steps = {"hf": t["generate/hf"] + t["score"] + t["old_log_prob/hf"] + updates * t["update/hf"]}

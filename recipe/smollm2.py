@@ -26,15 +26,14 @@ verl's schema).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from recipe.common.cache import build_atomically, digest
 from recipe.common.cpu import cpu_has_bf16
 from recipe.common.gguf_model import convert, smollm2_gguf
 from recipe.common.word_problems import WordProblemTask
@@ -57,25 +56,6 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("DAPO_CACHE_DIR", "~/.cache/dapo-verl")).expanduser()
 
 
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def _atomic_dir(final: Path, build) -> Path:
-    if (final / "done.json").is_file():
-        return final
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    info = build(tmp)
-    (tmp / "done.json").write_text(json.dumps(info, indent=1))
-    try:
-        os.replace(tmp, final)
-    except OSError:  # another process finished first: use theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def _link(target: Path, link: Path) -> None:
     tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
@@ -88,12 +68,12 @@ def task_dir(cache_dir: Path, task: WordProblemTask) -> Path:
         task.write_parquet(out)
         return {"task": asdict(task)}
 
-    return _atomic_dir(cache_dir / "smollm2" / f"task-{_digest([_CACHE_VERSION, asdict(task)])}", build)
+    return build_atomically(cache_dir / "smollm2" / f"task-{digest([_CACHE_VERSION, asdict(task)])}", build)
 
 
 def warm_up(base: Path, data: Path, settings: WarmupSettings, cache_dir: Path, log=print) -> Path:
     """The base model after the supervised warm-up (cached by base, data and settings)."""
-    key = _digest([_CACHE_VERSION, str(base.resolve()), str(data.resolve()), asdict(settings)])
+    key = digest([_CACHE_VERSION, str(base.resolve()), str(data.resolve()), asdict(settings)])
     final = cache_dir / "smollm2" / f"sft-{key}"
     if (final / "done.json").is_file():
         info = json.loads((final / "done.json").read_text())
@@ -124,7 +104,7 @@ def warm_up(base: Path, data: Path, settings: WarmupSettings, cache_dir: Path, l
         return {"base": str(base), "data": str(data), "settings": asdict(settings), "seconds": seconds,
                 "final_loss": loss, "bf16_autocast": cpu_has_bf16()}
 
-    return _atomic_dir(final, build)
+    return build_atomically(final, build)
 
 
 def prepare(cache_dir: Path | None = None, task: WordProblemTask | None = None,

@@ -12,15 +12,13 @@ interrupted build is redone and a completed one is reused by every later run wit
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
 import torch
 
+from recipe.common.cache import build_atomically, digest
 from recipe.embedded.config import ConfigError
 from recipe.embedded.rollout import sequence_log_probs
 from recipe.embedded.task import AdditionTask, ChainTask, StepsAdditionTask, build_model, build_tokenizer, solution_text
@@ -40,10 +38,6 @@ MODEL_DEFAULTS = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_laye
 WARMUP_DEFAULTS = {"steps": 220, "batch_size": 64, "lr": 2e-3, "seed": 0}
 
 
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def _settings(given: dict, defaults: dict, key: str) -> dict:
     """``defaults`` updated by ``given``; a null value counts as not given (so that a config can unset another
     task's knob inherited from configs/embedded.yaml, as configs/ablation.yaml does with ``digits``)."""
@@ -56,21 +50,6 @@ def _settings(given: dict, defaults: dict, key: str) -> dict:
             f"needs can be unset with {key}.{first}=null or deleted with ~{key}.{first}"
         )
     return {**defaults, **given}
-
-
-def _build_atomically(final: Path, build) -> Path:
-    if (final / "done.json").is_file():
-        return final
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    info = build(tmp)
-    (tmp / "done.json").write_text(json.dumps(info, indent=1))
-    try:
-        os.replace(tmp, final)
-    except OSError:  # another process finished the same build first: use theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def task_files(cache_dir: str, task: dict) -> Path:
@@ -91,7 +70,7 @@ def task_files(cache_dir: str, task: dict) -> Path:
         build_tokenizer(spec).save_pretrained(out / "tokenizer")
         return {"task": task}
 
-    return _build_atomically(Path(cache_dir) / "embedded" / f"task-{_digest([_CACHE_VERSION, task])}", build)
+    return build_atomically(Path(cache_dir) / "embedded" / f"task-{digest([_CACHE_VERSION, task])}", build)
 
 
 def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device, log=print,
@@ -101,7 +80,7 @@ def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device,
     task_dir = task_files(cache_dir, task)
     model = _settings(model, MODEL_DEFAULTS, "embedded.model")
     warmup = _settings(warmup, WARMUP_DEFAULTS, "embedded.warmup")
-    key = _digest([_CACHE_VERSION, json.loads((task_dir / "done.json").read_text()), model, warmup])
+    key = digest([_CACHE_VERSION, json.loads((task_dir / "done.json").read_text()), model, warmup])
     final = Path(cache_dir) / "embedded" / f"warmup-{key}"
     if (final / "done.json").is_file():
         info = json.loads((final / "done.json").read_text())
@@ -126,7 +105,7 @@ def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device,
         log(f"warm-up: done in {seconds:.0f} s, final loss {loss:.3f}")
         return {"task_dir": str(task_dir), "model": model, "warmup": warmup, "seconds": seconds, "final_loss": loss}
 
-    return _build_atomically(final, build)
+    return build_atomically(final, build)
 
 
 def supervised_warmup(
