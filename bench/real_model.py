@@ -6,7 +6,7 @@ engine and against the training step: held-out validation accuracy, entropy, res
 fraction, the clip fractions and the kept-group fraction. The table gives validation accuracy at every validated
 step and the rise from the first to the last with a 95% interval over the problems (normal approximation of the
 difference of two proportions over ``n`` problems, one sample each; unpaired, so wider than a paired interval
-would be), plus each engine's training time.
+would be), plus each engine's training time, and checks that each run's offline W&B run holds every metric name.
 
 Run: python -m bench.real_model [--embedded DIR] [--verl DIR] [--figure PNG] [--json PATH]
 Defaults: the run directories of ``make train-smollm2`` and ``make verl-cpu-smollm2``
@@ -68,7 +68,17 @@ def rise_interval(first: float, last: float, n: int) -> tuple[float, float, floa
     return last - first, last - first - 1.96 * se, last - first + 1.96 * se
 
 
-def summary(runs: dict[str, dict[int, dict]], problems: int) -> dict:
+def missing_from_wandb(run_dir: Path, steps: dict[int, dict]) -> list[str] | None:
+    """The metric names of ``metrics.jsonl`` that no offline W&B run file under ``run_dir/wandb`` holds (every
+    name is written into the run file's records); ``None`` when there is no W&B run."""
+    files = list(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+    if not files:
+        return None
+    content = b"".join(f.read_bytes() for f in files)
+    return sorted({name for record in steps.values() for name in record if name.encode() not in content})
+
+
+def summary(runs: dict[str, dict[int, dict]], problems: int, dirs: dict[str, Path] | None = None) -> dict:
     out = {}
     for engine, steps in runs.items():
         val = series(steps, VAL_PREFIX)
@@ -80,6 +90,8 @@ def summary(runs: dict[str, dict[int, dict]], problems: int) -> dict:
         if len(val) >= 2:
             rise, low, high = rise_interval(val[0][1], val[-1][1], problems)
             entry.update(rise=rise, rise_low=low, rise_high=high)
+        if dirs is not None:
+            entry["missing_from_wandb"] = missing_from_wandb(dirs[engine], steps)
         out[engine] = entry
     return out
 
@@ -122,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--figure", type=Path, default=None, help="write the six-panel figure here (PNG)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    runs = {"embedded": read_steps(args.embedded), "verl": read_steps(args.verl)}
-    figures = summary(runs, args.problems)
+    dirs = {"embedded": args.embedded, "verl": args.verl}
+    runs = {engine: read_steps(path) for engine, path in dirs.items()}
+    figures = summary(runs, args.problems, dirs)
     validated = sorted({int(s) for f in figures.values() for s in f["val_acc"]})
     rows = []
     for engine, f in figures.items():
@@ -132,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
                      f["train_s"] / 60, f["step_s_median"] or float("nan")])
     print_table(["engine", *(f"val acc step {s}" for s in validated), "rise (95% CI)", "steps", "train min",
                  "s / step (median)"], rows)
+    for engine, f in figures.items():
+        missing = f["missing_from_wandb"]
+        print(f"{engine}: " + ("no offline W&B run" if missing is None else
+                               f"the W&B offline run holds all {len({k for r in runs[engine].values() for k in r})} "
+                               "metric names" if not missing else f"missing from the W&B run: {missing}"))
     if args.figure:
         figure(runs, args.figure)
     write_json(args.json, figures)

@@ -66,3 +66,13 @@ def test_summary_table_and_figure(runs, tmp_path, capsys):
 def test_a_missing_run_names_the_command(tmp_path):
     with pytest.raises(SystemExit, match="make train-smollm2"):
         real_model.read_steps(tmp_path / "nowhere")
+
+
+def test_the_wandb_check_names_what_the_offline_run_lacks(runs):
+    embedded, _ = runs
+    steps = real_model.read_steps(embedded)
+    assert real_model.missing_from_wandb(embedded, steps) is None  # no W&B run at all
+    run_file = embedded / "wandb" / "offline-run-1" / "run-1.wandb"
+    run_file.parent.mkdir(parents=True)
+    run_file.write_bytes(b"\x00timing_s/step\x01actor/entropy\x02" + VAL.encode())  # names inside binary records
+    assert real_model.missing_from_wandb(embedded, steps) == ["dapo/kept_group_frac"]
