@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from recipe import cli
+from recipe.common.cpu import cpu_has_bf16
 from recipe.common.gguf_model import END_OF_TURN, SMOLLM2_GGUF, smollm2_gguf
 from recipe.common.word_problems import WordProblemTask
 from recipe.embedded.monitor import read_metrics
@@ -88,16 +89,19 @@ def _embedded_overrides(assets: Path, run_dir: Path, **extra) -> list[str]:
         "trainer.save_freq": 2,
         "trainer.logger": "[console]",
         "trainer.default_local_dir": str(run_dir),
-        "embedded.dtype": "auto",  # float32 on a CPU: runs on any x86 machine
         "embedded.progress_bar": False,
         **extra,
     }
     return ["--config-name", "embedded_smollm2", *[f"{k}={v}" for k, v in values.items()]]
 
 
-def test_embedded_engine_trains_two_steps_on_the_real_model(assets, tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", [
+    "auto",  # float32 on a CPU: runs on any x86 machine
+    pytest.param("bfloat16", marks=pytest.mark.skipif(not cpu_has_bf16(), reason="needs a CPU with AVX-512 BF16")),
+])  # bfloat16: what configs/embedded_smollm2.yaml runs, the rollout on the bf16 copy of the policy
+def test_embedded_engine_trains_two_steps_on_the_real_model(assets, tmp_path, monkeypatch, dtype):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    assert cli.main(_embedded_overrides(assets, tmp_path / "run")) == 0
+    assert cli.main(_embedded_overrides(assets, tmp_path / "run", **{"embedded.dtype": dtype})) == 0
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [0, 1, 2]
     for record in records[1:]:
