@@ -8,9 +8,10 @@ step and the rise from the first to the last with a 95% interval over the proble
 difference of two proportions over ``n`` problems, one sample each; unpaired, so wider than a paired interval
 would be), plus each engine's training time, and checks that each run's offline W&B run holds every metric name.
 
-Run: python -m bench.real_model [--embedded DIR] [--verl DIR] [--figure PNG] [--json PATH]
-Defaults: the run directories of ``make train-smollm2`` and ``make verl-cpu-smollm2``
-(``runs/dapo-embedded/smollm2-word-problems``, ``runs/dapo-verl-cpu/smollm2-word-problems``).
+Run: python -m bench.real_model [--run LABEL=DIR ...] [--figure PNG] [--json PATH]
+Default: ``embedded=`` and ``verl=`` the run directories of ``make train-smollm2`` and ``make verl-cpu-smollm2``
+(``runs/dapo-embedded/smollm2-word-problems``, ``runs/dapo-verl-cpu/smollm2-word-problems``); a default one that
+does not exist is left out. ``--run`` names any runs instead (for example one engine at several learning rates).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def figure(runs: dict[str, dict[int, dict]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
-    colors = {"embedded": "tab:blue", "verl": "tab:orange"}
+    colors = dict(zip(runs, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     styles = ["-", "--"]
     for ax, (title, metrics) in zip(axes.flat, PANELS):
         for engine, steps in runs.items():
@@ -118,7 +119,7 @@ def figure(runs: dict[str, dict[int, dict]], path: Path) -> None:
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("DAPO on SmolLM2-135M-Instruct, word problems: the embedded engine and verl 0.9.1 on a CPU")
+    fig.suptitle("DAPO on SmolLM2-135M-Instruct, word problems, on a CPU")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -128,14 +129,25 @@ def figure(runs: dict[str, dict[int, dict]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--embedded", type=Path, default=RUNS["embedded"], help="the embedded run's directory")
-    p.add_argument("--verl", type=Path, default=RUNS["verl"], help="the verl run's directory")
+    p.add_argument("--run", action="append", default=None, metavar="LABEL=DIR",
+                   help="a run directory and its label (repeatable; default: the two make targets' runs)")
     p.add_argument("--problems", type=int, default=256, help="held-out problems each validation scored (n)")
     p.add_argument("--figure", type=Path, default=None, help="write the six-panel figure here (PNG)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    dirs = {"embedded": args.embedded, "verl": args.verl}
-    runs = {engine: read_steps(path) for engine, path in dirs.items()}
+    if args.run:
+        dirs = {}
+        for spec in args.run:
+            label, sep, path = spec.partition("=")
+            if not sep or not label or not path:
+                raise SystemExit(f"--run takes LABEL=DIR, got {spec!r}")
+            dirs[label] = Path(path)
+    else:
+        dirs = {label: path for label, path in RUNS.items() if (path / "metrics.jsonl").is_file()}
+        if not dirs:
+            raise SystemExit(f"no run found at {', '.join(map(str, RUNS.values()))}: run make train-smollm2 or "
+                             "make verl-cpu-smollm2 first, or name runs with --run LABEL=DIR")
+    runs = {label: read_steps(path) for label, path in dirs.items()}
     figures = summary(runs, args.problems, dirs)
     validated = sorted({int(s) for f in figures.values() for s in f["val_acc"]})
     rows = []
@@ -143,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         rise = "n/a" if "rise" not in f else f"{f['rise']:+.3f} [{f['rise_low']:+.3f}, {f['rise_high']:+.3f}]"
         rows.append([engine, *(f["val_acc"].get(str(s), float("nan")) for s in validated), rise, f["steps"],
                      f["train_s"] / 60, f["step_s_median"] or float("nan")])
-    print_table(["engine", *(f"val acc step {s}" for s in validated), "rise (95% CI)", "steps", "train min",
+    print_table(["run", *(f"val acc step {s}" for s in validated), "rise (95% CI)", "steps", "train min",
                  "s / step (median)"], rows)
     for engine, f in figures.items():
         missing = f["missing_from_wandb"]

@@ -54,7 +54,7 @@ def test_summary_table_and_figure(runs, tmp_path, capsys):
     embedded, verl = runs
     figure = tmp_path / "real-model.png"
     out = tmp_path / "summary.json"
-    assert real_model.main(["--embedded", str(embedded), "--verl", str(verl), "--figure", str(figure),
+    assert real_model.main(["--run", f"embedded={embedded}", "--run", f"verl={verl}", "--figure", str(figure),
                             "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["embedded"]["train_s"] == 90.0 and figures["verl"]["train_s"] == 160.0
@@ -76,3 +76,8 @@ def test_the_wandb_check_names_what_the_offline_run_lacks(runs):
     run_file.parent.mkdir(parents=True)
     run_file.write_bytes(b"\x00timing_s/step\x01actor/entropy\x02" + VAL.encode())  # names inside binary records
     assert real_model.missing_from_wandb(embedded, steps) == ["dapo/kept_group_frac"]
+
+
+def test_a_run_spec_without_a_label_is_refused(runs):
+    with pytest.raises(SystemExit, match="LABEL=DIR"):
+        real_model.main(["--run", str(runs[0])])
