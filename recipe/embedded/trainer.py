@@ -336,11 +336,10 @@ class _Trainer:
         reward (no filter, no recomputed log-probs)."""
         c, policy = self.c, self.policy
         prompts = [self.data.prompt_ids[i] for i in indices]
-        with torch.no_grad():
-            response_ids, response_mask, rollout_log_prob = sample(
-                policy.sampler(), prompts, n=c.n, params=self.sampling, max_new_tokens=c.max_response_length,
-                eos_ids=policy.eos_ids, pad_id=policy.pad_id, max_num_seqs=c.max_num_seqs,
-            )  # [B*G, T] each
+        response_ids, response_mask, rollout_log_prob = sample(  # no gradients: sample is @torch.no_grad
+            policy.sampler(), prompts, n=c.n, params=self.sampling, max_new_tokens=c.max_response_length,
+            eos_ids=policy.eos_ids, pad_id=policy.pad_id, max_num_seqs=c.max_num_seqs,
+        )  # [B*G, T] each
         with _timer(self.timing, "timing_s/reward", add=True):
             scored = _score(
                 self.score_fn, policy.tokenizer, response_ids, response_mask,
@@ -508,12 +507,11 @@ def _validate(c: EngineConfig, policy: Policy, val_set: PromptSet, score_fn, ste
         torch.manual_seed(c.seed * 1_000_003 + step)
         for start in range(0, len(val_set), chunk):
             rows = range(start, min(start + chunk, len(val_set)))
-            with torch.no_grad():
-                response_ids, response_mask, _ = sample(
-                    policy.sampler(), [val_set.prompt_ids[i] for i in rows], n=c.val_n, params=params,
-                    max_new_tokens=c.max_response_length, eos_ids=policy.eos_ids, pad_id=policy.pad_id,
-                    max_num_seqs=c.max_num_seqs,
-                )
+            response_ids, response_mask, _ = sample(
+                policy.sampler(), [val_set.prompt_ids[i] for i in rows], n=c.val_n, params=params,
+                max_new_tokens=c.max_response_length, eos_ids=policy.eos_ids, pad_id=policy.pad_id,
+                max_num_seqs=c.max_num_seqs,
+            )
             scored = _score(
                 score_fn, policy.tokenizer, response_ids, response_mask,
                 [val_set.data_sources[i] for i in rows for _ in range(c.val_n)],
