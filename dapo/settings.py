@@ -45,11 +45,18 @@ FILTER_METRICS: dict[str, str] = {
 SHAPED_REWARD_METRICS = ("reward", "seq_reward", "seq_final_reward")
 
 
-def select(config: Mapping, key: str, default: Any = None) -> Any:
-    """``config["a"]["b"]["c"]`` for ``key="a.b.c"``; ``default`` when a level is missing or the value is None."""
+def select(config: Mapping, key: str, default: Any = None, *, required: bool = False) -> Any:
+    """``config["a"]["b"]["c"]`` for ``key="a.b.c"``; ``default`` when a level is missing or the value is None.
+
+    The one key getter of the project. ``required=True``: a missing level raises :class:`ConfigError` instead (the
+    composed config declares every key the engines read, so a missing one is a config not composed from
+    ``configs/``); a key present with value null still gives ``default``."""
     node: Any = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
+            if required:
+                raise ConfigError(f"{key} is missing from the config; compose it from configs/ (dapo-train "
+                                  "--config-name NAME) or add the key")
             return default
         node = node[part]
     return default if node is None else node

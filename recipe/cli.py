@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     config_name, overrides = _split_args(args)
 
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    from dapo.settings import select
 
     try:
         cfg = compose(overrides, config_name)
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             message = f"{message} ({cause})" if message else cause
         return _fail(message.replace("\n", "\n  "))
 
-    engine = OmegaConf.select(cfg, "dapo.engine", default="verl")
+    engine = select(cfg, "dapo.engine", "verl")
     try:
         return _run_engine(cfg, engine)
     except Exception as err:  # bad input (ConfigError, exit 2) or a run stopped (RunStopped, exit 1), raised here or
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dapo-train: {kind}: {message}", file=sys.stderr)
         return 1 if kind == "stopped" else 2
     except KeyboardInterrupt:
-        run_dir = OmegaConf.select(cfg, "trainer.default_local_dir", default="the run directory")
+        run_dir = select(cfg, "trainer.default_local_dir", "the run directory")
         print(f"dapo-train: interrupted; the checkpoints in {run_dir} are kept: run the same command to resume from "
               "the latest", file=sys.stderr)
         return 130

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from dapo.settings import ConfigError
+from dapo.settings import ConfigError, select
 
 IDENTITY_FILE = "run.json"
 
@@ -77,19 +77,19 @@ def _parquet_rows(path: str) -> int | None:
 
 def run_identity(cfg: DictConfig) -> dict:
     """``{verl key: value}`` of what this run is: model, data files, the settings of :data:`TRAINING_KEYS`."""
-    select = lambda key: _plain(OmegaConf.select(cfg, key, default=None, throw_on_missing=False))  # noqa: E731
-    model = select(MODEL_KEY)
+    get = lambda key: _plain(select(cfg, key))  # noqa: E731
+    model = get(MODEL_KEY)
     identity: dict = {MODEL_KEY: _local_path(str(model)) if model and os.path.exists(os.path.expanduser(str(model)))
                       else model}
     if model is None:  # the embedded tiny model: its build settings are what it is
-        identity.update({key: select(key) for key in TINY_MODEL_KEYS})
+        identity.update({key: get(key) for key in TINY_MODEL_KEYS})
     for key in DATA_KEYS:
-        identity[key] = _files(select(key))
+        identity[key] = _files(get(key))
         if identity[key]:  # a file rewritten in place with other rows is other data
             identity[f"{key} (rows)"] = [_parquet_rows(path) for path in identity[key]]
     if identity["data.train_files"] is None or identity["data.val_files"] is None:  # the embedded task's files
-        identity["embedded.task"] = select("embedded.task")
-    identity.update({key: select(key) for key in TRAINING_KEYS})
+        identity["embedded.task"] = get("embedded.task")
+    identity.update({key: get(key) for key in TRAINING_KEYS})
     return identity
 
 

@@ -33,7 +33,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import recipe.dapo.plugin  # noqa: F401  registers DAPO in this (driver) process; workers load it through verl
-from dapo.settings import ConfigError, DapoSettings
+from dapo.settings import ConfigError, DapoSettings, select
 from recipe.configs_dir import config_dir
 
 PLUGIN_MODULE = "recipe.dapo.plugin"
@@ -82,7 +82,7 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
             f"the current policy, so it trains synchronously; set trainer.v1.trainer_mode={TRAINER_MODE}"
         )
     sampler_kwargs = OmegaConf.to_container(config.trainer.v1.sampler.sampler_kwargs, resolve=True)
-    if OmegaConf.select(config, "trainer.v1.sampler.custom_sampler.path", default=None):
+    if select(config, "trainer.v1.sampler.custom_sampler.path"):
         DynamicSamplingSettings.from_kwargs(sampler_kwargs)
     if plugin_delivery() is None:
         raise RuntimeError(
@@ -103,13 +103,11 @@ def check_inputs(config: DictConfig) -> Path | None:
     from recipe.common.identity import check_same_run, run_identity
     from recipe.dapo.resume import choose_checkpoint
 
-    def select(key, default=None):
-        value = OmegaConf.select(config, key, default=default)
-        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-    prompt_key, reward_fn_key = select("data.prompt_key", "prompt"), select("data.reward_fn_key", "data_source")
+    plain = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
+    prompt_key, reward_fn_key = select(plain, "data.prompt_key", required=True), select(plain, "data.reward_fn_key",
+                                                                                         required=True)
     for key in ("data.train_files", "data.val_files"):
-        files = select(key)
+        files = select(plain, key)
         if files in (None, "", []):
             raise ConfigError(
                 f"{key} is not set: the verl engine reads prompts from parquet files in verl's schema (the synthetic "
@@ -117,16 +115,16 @@ def check_inputs(config: DictConfig) -> Path | None:
                 f"scripts/prepare_data.py and set {key}=<file>"
             )
         checks.check_data_files(files, key, prompt_key=prompt_key, reward_fn_key=reward_fn_key)
-    path = select("reward.custom_reward_function.path")
+    path = select(plain, "reward.custom_reward_function.path")
     if path:
-        checks.load_reward_function(path, select("reward.custom_reward_function.name") or "compute_score",
-                                    select("reward.custom_reward_function.reward_kwargs") or {},
-                                    select("data.train_files"), select("dapo.reward_timeout_s"))
+        checks.load_reward_function(path, select(plain, "reward.custom_reward_function.name", "compute_score"),
+                                    select(plain, "reward.custom_reward_function.reward_kwargs", {}),
+                                    select(plain, "data.train_files"), select(plain, "dapo.reward_timeout_s"))
     latest = choose_checkpoint(config)  # the newest intact checkpoint (a damaged one is named and skipped)
     if latest is not None and latest.is_dir():
         check_same_run(latest, run_identity(config))
     for key in ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path"):
-        check_model_path(key, select(key))
+        check_model_path(key, select(plain, key))
     return latest
 
 
@@ -159,7 +157,7 @@ def run_dapo(config: DictConfig) -> None:
         check_dapo_config(config)
     except ValueError as err:  # ConfigError already, or a check naming the key (require_dapo_sampler)
         raise ConfigError(str(err).strip()) from None
-    run_dir = OmegaConf.select(config, "trainer.default_local_dir", default=None)
+    run_dir = select(config, "trainer.default_local_dir")
     if run_dir and "://" not in str(run_dir):  # one run per directory, held by this driver until it exits
         from recipe.common.rundir import clear_stop, lock_run_dir
 
@@ -175,7 +173,7 @@ def run_dapo(config: DictConfig) -> None:
     prepare_metrics(config, resumed)  # metrics.jsonl: the records up to the resumed step, each once
     # W&B: verl's Tracking calls wandb.init online in a Ray worker, which waits up to 90 s and then fails the run
     # when the server does not answer; decided here instead, with a bounded probe (offline if it fails)
-    fall_back_to_offline(OmegaConf.select(config, "trainer.logger", default=[]), run_dir or ".")
+    fall_back_to_offline(select(config, "trainer.logger", []), run_dir or ".")
     # ---- training and cleanup: verl's V1 task runner; the trainer class comes from trainer.v1.trainer_mode ----
     run_ppo(config, task_runner_class=TaskRunnerV1)
 

@@ -23,8 +23,9 @@ import os
 import re
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
+from dapo.settings import select
 from recipe.common.integrity import newest_intact
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker file
@@ -42,10 +43,10 @@ def choose_checkpoint(config: DictConfig, log=print) -> Path | None:
     """The checkpoint this run resumes from (``None``: it starts at step 0); re-points ``config`` at the newest
     intact checkpoint when the tracked one is damaged. Only ``resume_mode=auto`` on a local directory is
     decided here; ``resume_path`` and ``disable`` are verl's as given."""
-    mode = OmegaConf.select(config, "trainer.resume_mode", default="auto")
-    run_dir = OmegaConf.select(config, "trainer.default_local_dir", default=None)
+    mode = select(config, "trainer.resume_mode", "auto")
+    run_dir = select(config, "trainer.default_local_dir")
     if mode == "resume_path":
-        path = OmegaConf.select(config, "trainer.resume_from_path", default=None)
+        path = select(config, "trainer.resume_from_path")
         return Path(path) if path else None
     if mode != "auto" or not run_dir or "://" in str(run_dir):
         return None
@@ -67,7 +68,7 @@ def choose_checkpoint(config: DictConfig, log=print) -> Path | None:
 
 def metrics_path(config: DictConfig) -> Path | None:
     """Where verl's ``file`` logger writes (``VERL_FILE_LOGGER_PATH``), when this run logs to a file."""
-    loggers = OmegaConf.select(config, "trainer.logger", default=[]) or []
+    loggers = select(config, "trainer.logger", []) or []
     loggers = [loggers] if isinstance(loggers, str) else list(loggers)
     path = os.environ.get("VERL_FILE_LOGGER_PATH")
     if "file" not in loggers or not path:
@@ -106,7 +107,7 @@ def prepare_metrics(config: DictConfig, resumed: Path | None) -> None:
     """:func:`trim_metrics` to the step of the checkpoint :func:`choose_checkpoint` chose (the driver, before Ray,
     once every check has passed)."""
     path = metrics_path(config)
-    if path is not None and OmegaConf.select(config, "trainer.resume_mode", default="auto") != "disable":
+    if path is not None and select(config, "trainer.resume_mode", "auto") != "disable":
         dropped = trim_metrics(path, step_of(resumed))
         if dropped:
             print(f"{path}: dropped {dropped} records after step {step_of(resumed)} (logged by the run that "

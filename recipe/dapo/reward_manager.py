@@ -40,7 +40,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 
 from dapo.reward import compute_score as dapo_compute_score
-from dapo.settings import OverlongSettings
+from dapo.settings import OverlongSettings, select
 from dapo.shaping import overlong_penalty
 
 REWARD_MANAGER_NAME = "dapo_paper"
@@ -56,8 +56,8 @@ class DAPOPaperRewardManager(RewardManagerBase):
         if compute_score is None or compute_score is default_compute_score:
             compute_score = dapo_compute_score
         self.compute_score = compute_score
-        custom = OmegaConf.select(config, "reward.custom_reward_function.path", default=None)
-        name = OmegaConf.select(config, "reward.custom_reward_function.name", default=None) or "compute_score"
+        custom = select(config, "reward.custom_reward_function.path")
+        name = select(config, "reward.custom_reward_function.name") or "compute_score"
         self.label = (f"reward.custom_reward_function ({custom}:{name})" if custom
                       else f"the reward function {getattr(compute_score, '__module__', '?')}."
                       f"{getattr(compute_score, '__name__', repr(compute_score))}")
@@ -68,8 +68,8 @@ class DAPOPaperRewardManager(RewardManagerBase):
         # the same reader as the embedded engine's (dapo.settings), on the keys it reads
         self.overlong = OverlongSettings.from_config({
             "reward": {"reward_kwargs": OmegaConf.to_container(
-                OmegaConf.select(config, "reward.reward_kwargs", default=None) or OmegaConf.create({}), resolve=True)},
-            "data": {"max_response_length": OmegaConf.select(config, "data.max_response_length", default=None)},
+                select(config, "reward.reward_kwargs") or OmegaConf.create({}), resolve=True)},
+            "data": {"max_response_length": select(config, "data.max_response_length")},
         })
         self.overlong_enable = self.overlong.buffer_enable
         self.overlong_log = self.overlong.log
@@ -83,8 +83,8 @@ class DAPOPaperRewardManager(RewardManagerBase):
         from recipe.common.checks import describe_row, finite_score, reward_failure
         from recipe.common.rundir import RunStopped, record_stop
 
-        run_dir = OmegaConf.select(self.config, "trainer.default_local_dir", default=None)
-        timeout = OmegaConf.select(self.config, "dapo.reward_timeout_s", default=None)
+        run_dir = select(self.config, "trainer.default_local_dir")
+        timeout = select(self.config, "dapo.reward_timeout_s")
         try:
             if self.is_async_reward_score:
                 pending = self.compute_score(**call)

@@ -44,7 +44,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from dapo.loss import overlong_filter_mask, truncated_responses
 from dapo.metrics import repeat_ngram_frac
-from dapo.settings import OverlongSettings, eos_token_ids
+from dapo.settings import OverlongSettings, eos_token_ids, select
 from recipe.dapo.sampler_state import load_sampler_state, save_sampler_state
 from recipe.dapo.weight_sync import weight_sync_metrics
 
@@ -205,7 +205,7 @@ def response_eos_ids(model_config) -> tuple[int, ...]:
 
 def require_dapo_sampler(config) -> None:
     """The DAPO trainer runs verl's sync loop with the DAPO sampler; raise naming the keys if it is not set."""
-    custom = OmegaConf.select(config, "trainer.v1.sampler.custom_sampler", default=None) or {}
+    custom = select(config, "trainer.v1.sampler.custom_sampler") or {}
     path, name = custom.get("path", None), custom.get("name", None)
     if (path, name) != SAMPLER:
         from verl.utils.import_utils import load_extern_object
