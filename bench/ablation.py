@@ -190,12 +190,12 @@ def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> Non
     from recipe.embedded.warmup import task_files, warm_model
 
     c = read_config(_compose(extra, config_name))
-    if c.model_path is None:
-        torch.set_num_threads(c.num_threads or torch.get_num_threads())
-        cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
-        warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cuda" if cuda else "cpu"))
-    elif c.train_files is None or c.val_files is None:
-        task_files(c.cache_dir, c.task)
+    if c.model.path is None:
+        torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
+        cuda = c.embedded.device == "cuda" or (c.embedded.device == "auto" and torch.cuda.is_available())
+        warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cuda" if cuda else "cpu"))
+    elif c.data.train_files is None or c.data.val_files is None:
+        task_files(c.embedded.cache_dir, c.embedded.task)
 
 
 def _finished(run_dir: Path) -> bool:
@@ -616,9 +616,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - Hydra's and OmegaConf's errors name the key
         print(f"bench.ablation: error: {str(err).strip()}", file=sys.stderr)
         return 2
-    from omegaconf import OmegaConf
+    from dapo.settings import select
 
-    steps = int(OmegaConf.select(cfg, "trainer.total_training_steps"))
+    steps = int(select(cfg, "trainer.total_training_steps"))
     train_batch_size = int(cfg.data.train_batch_size)
     n = int(cfg.actor_rollout_ref.rollout.n)
 

@@ -50,26 +50,25 @@ def main(argv: list[str] | None = None) -> int:
     from dapo.reward import compute_score
     from dapo.settings import eos_token_ids
     from recipe.cli import compose
-    from recipe.common.cpu import cpu_has_bf16
     from recipe.embedded.config import read_config
     from recipe.embedded.decode import sample
+    from recipe.embedded.policy import bf16_compute, load_tokenizer, low_precision_copy
     from recipe.embedded.rollout import SamplingParams
-    from recipe.embedded.trainer import load_tokenizer, low_precision_copy
     from recipe.embedded.warmup import task_files, warm_model
 
     c = read_config(compose(args.overrides, args.config_name))
-    torch.set_num_threads(c.num_threads or torch.get_num_threads())
-    torch.manual_seed(c.seed)
-    if c.model_path is not None:  # a real model and its own data files
-        model_dir, val_file = Path(c.model_path), (c.val_files or [None])[0]
+    torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
+    torch.manual_seed(c.embedded.seed)
+    if c.model.path is not None:  # a real model and its own data files
+        model_dir, val_file = Path(c.model.path), (c.data.val_files or [None])[0]
     else:
-        model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
-        val_file = c.val_files[0] if c.val_files else task_files(c.cache_dir, c.task) / "val.parquet"
+        model_dir = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu"))
+        val_file = c.data.val_files[0] if c.data.val_files else task_files(c.embedded.cache_dir, c.embedded.task) / "val.parquet"
     tokenizer = load_tokenizer(model_dir)  # as the engine loads it (AutoTokenizer would change the pre-tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     eos = torch.tensor(eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
-    if c.dtype == "bfloat16" and cpu_has_bf16():  # as the engine samples with bf16 compute
+    if bf16_compute(c):  # as the engine samples with bf16 compute
         model = low_precision_copy(model, torch.bfloat16)
     rows = pd.read_parquet(val_file).head(args.problems).to_dict("records")
     prompts = [
@@ -79,27 +78,27 @@ def main(argv: list[str] | None = None) -> int:
     ]
     start = time.perf_counter()
     with torch.no_grad():
-        ids, mask, _ = sample(model, prompts, n=c.n, params=SamplingParams(True, c.temperature, c.top_p, c.top_k),
-                              max_new_tokens=c.max_response_length, eos_ids=eos, pad_id=pad_id,
-                              max_num_seqs=c.max_num_seqs)  # [B*n, T]
+        ids, mask, _ = sample(model, prompts, n=c.rollout.n, params=SamplingParams(True, c.rollout.temperature, c.rollout.top_p, c.rollout.top_k),
+                              max_new_tokens=c.data.max_response_length, eos_ids=eos, pad_id=pad_id,
+                              max_num_seqs=c.rollout.max_num_seqs)  # [B*n, T]
     seconds = time.perf_counter() - start
     lengths = mask.sum(-1).tolist()  # [B*n] tokens, EOS included
     ended = (~truncated_responses(ids, mask, eos)).tolist()  # the engines' rule: an end token among the tokens
     texts = tokenizer.batch_decode([row[: n] for row, n in zip(ids, lengths)], skip_special_tokens=True)
-    budget, buffer = c.max_response_length, c.dapo.overlong.buffer_len
+    budget, buffer = c.data.max_response_length, c.dapo.overlong.buffer_len
     correct, by_steps, repeated, in_format = [], defaultdict(list), [], []
     for i, text in enumerate(texts):
-        row = rows[i // c.n]
+        row = rows[i // c.rollout.n]
         ok = bool(compute_score(row["data_source"], text, row["reward_model"]["ground_truth"])["acc"])
         correct.append(ok)
         by_steps[_operations(row["extra_info"])].append(ok)
         in_format.append(ANSWER_LINE.search(text) is not None)
         lines = [line for line in text.split("\n") if line.strip()]
         repeated.append(len(set(lines)) < len(lines))
-    groups = [correct[g * c.n : (g + 1) * c.n] for g in range(len(rows))]
+    groups = [correct[g * c.rollout.n : (g + 1) * c.rollout.n] for g in range(len(rows))]
     q = statistics.quantiles(lengths, n=20)
     figures = {
-        "problems": len(rows), "n": c.n, "temperature": c.temperature, "top_p": c.top_p, "budget": budget,
+        "problems": len(rows), "n": c.rollout.n, "temperature": c.rollout.temperature, "top_p": c.rollout.top_p, "budget": budget,
         "buffer": buffer, "accuracy": statistics.fmean(correct),
         "mixed_groups": statistics.fmean(0 < sum(g) < len(g) for g in groups),
         "all_wrong_groups": statistics.fmean(not any(g) for g in groups),
@@ -113,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy_by_steps": {k: statistics.fmean(v) for k, v in sorted(by_steps.items())},
         "sampling_seconds": seconds,
     }
-    print(f"start model {model_dir}: {len(rows)} held-out problems x {c.n} responses at temperature "
-          f"{c.temperature}, top_p {c.top_p}, budget {budget} (buffer {buffer}), sampled in {seconds:.0f} s")
+    print(f"start model {model_dir}: {len(rows)} held-out problems x {c.rollout.n} responses at temperature "
+          f"{c.rollout.temperature}, top_p {c.rollout.top_p}, budget {budget} (buffer {buffer}), sampled in {seconds:.0f} s")
     print_table(["figure", "value"], [[k, v] for k, v in figures.items() if k != "accuracy_by_steps"])
     print_table(["operations", "accuracy", "responses"],
                 [[k, statistics.fmean(v), len(v)] for k, v in sorted(by_steps.items())])

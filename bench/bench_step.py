@@ -41,22 +41,22 @@ def setup(config_name: str = "embedded"):
     from recipe.cli import compose
     from recipe.embedded.config import read_config
     from recipe.embedded.data import load_prompts
-    from recipe.embedded.trainer import load_tokenizer
+    from recipe.embedded.policy import load_tokenizer
     from recipe.embedded.warmup import task_files, warm_model
 
     c = read_config(compose(["embedded.progress_bar=false"], config_name))
-    if c.model_path is not None:  # a real model and its own data files; every core unless the config says
-        model_dir, train_file = c.model_path, c.train_files[0]
-        torch.set_num_threads(c.num_threads or torch.get_num_threads())
+    if c.model.path is not None:  # a real model and its own data files; every core unless the config says
+        model_dir, train_file = c.model.path, c.data.train_files[0]
+        torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
     else:
-        torch.set_num_threads(c.num_threads or 1)
-        model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
-        train_file = str(task_files(c.cache_dir, c.task) / "train.parquet")
+        torch.set_num_threads(c.embedded.num_threads or 1)
+        model_dir = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu"))
+        train_file = str(task_files(c.embedded.cache_dir, c.embedded.task) / "train.parquet")
     tok = load_tokenizer(model_dir)
     train = load_prompts([train_file], tok, files_key="data.train_files",
-                         prompt_key=c.prompt_key, reward_fn_key=c.reward_fn_key,
-                         max_prompt_length=c.max_prompt_length, filter_overlong_prompts=False,
-                         truncation=c.truncation, max_samples=c.gen_batch_size, seed=c.data_seed)
+                         prompt_key=c.data.prompt_key, reward_fn_key=c.data.reward_fn_key,
+                         max_prompt_length=c.data.max_prompt_length, filter_overlong_prompts=False,
+                         truncation=c.data.truncation, max_samples=c.data.gen_batch_size, seed=c.data.seed)
     return c, model_dir, tok, train
 
 
@@ -68,16 +68,15 @@ def main() -> None:
 
     from dapo.reward import compute_score
     from dapo.settings import eos_token_ids
-    from recipe.common.cpu import cpu_has_bf16
     from recipe.embedded.decode import sample, shared_prompt_log_probs
+    from recipe.embedded.policy import bf16_compute, low_precision_copy
     from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate, sequence_log_probs
-    from recipe.embedded.trainer import low_precision_copy
 
     c, model_dir, tok, train = setup(args.config_name)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     eos = torch.tensor(eos_token_ids(tok.eos_token_id, model.generation_config.eos_token_id))
     pad = tok.pad_token_id if tok.pad_token_id is not None else int(eos[0])
-    bf16 = c.dtype == "bfloat16" and cpu_has_bf16()  # the engine's rule: bf16 compute over fp32 weights
+    bf16 = bf16_compute(c)  # the engine's rule: bf16 compute over fp32 weights
     sampler = low_precision_copy(model, torch.bfloat16) if bf16 else model  # what the engine generates with
 
     def autocast(fn):  # a part as the engine computes it
@@ -85,19 +84,19 @@ def main() -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 return fn()
         return call
-    params = SamplingParams(True, c.temperature, c.top_p, c.top_k)
-    prompts = train.prompt_ids[: c.gen_batch_size]
-    gen_kwargs = dict(n=c.n, params=params, max_new_tokens=c.max_response_length, eos_ids=eos, pad_id=pad,
-                      max_num_seqs=c.max_num_seqs)
+    params = SamplingParams(True, c.rollout.temperature, c.rollout.top_p, c.rollout.top_k)
+    prompts = train.prompt_ids[: c.data.gen_batch_size]
+    gen_kwargs = dict(n=c.rollout.n, params=params, max_new_tokens=c.data.max_response_length, eos_ids=eos, pad_id=pad,
+                      max_num_seqs=c.rollout.max_num_seqs)
     torch.manual_seed(0)
     ids, mask, _ = sample(sampler, prompts, **gen_kwargs)  # [192, T]
-    trained = c.train_batch_size * c.n
-    rows = [p for p in prompts for _ in range(c.n)][:trained]
+    trained = c.data.train_batch_size * c.rollout.n
+    rows = [p for p in prompts for _ in range(c.rollout.n)][:trained]
     ids_t, mask_t = ids[:trained], mask[:trained]
     texts = [tok.decode(ids[i][mask[i].bool()], skip_special_tokens=True) for i in range(ids.shape[0])]
-    truths = [t for t in train.ground_truths[: c.gen_batch_size] for _ in range(c.n)]
-    micro = c.ppo_micro_batch_size
-    pad_width = c.max_response_length  # a collated batch is as wide as its longest response
+    truths = [t for t in train.ground_truths[: c.data.gen_batch_size] for _ in range(c.rollout.n)]
+    micro = c.actor.ppo_micro_batch_size
+    pad_width = c.data.max_response_length  # a collated batch is as wide as its longest response
 
     def padded(t, value):
         return torch.nn.functional.pad(t[:micro], (0, pad_width - t.shape[1]), value=value)
@@ -110,15 +109,15 @@ def main() -> None:
     def update(fn, optimizer, ids_m, mask_m, **layout):
         model.train()
         optimizer.zero_grad(set_to_none=True)
-        log_prob, entropy = fn(model, rows[:micro], ids_m, mask_m, temperature=c.temperature, pad_id=pad,
+        log_prob, entropy = fn(model, rows[:micro], ids_m, mask_m, temperature=c.rollout.temperature, pad_id=pad,
                                with_entropy=True, **layout)
         (-(log_prob * mask_m).sum() / mask_m.sum()).backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), c.grad_clip)
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), c.actor.grad_clip)
         optimizer.step()
         model.eval()
 
     own_width = int(mask_t[:micro].sum(-1).max())
-    lp_kwargs = dict(temperature=c.temperature, pad_id=pad, micro_batch_size=c.log_prob_micro_batch_size)
+    lp_kwargs = dict(temperature=c.rollout.temperature, pad_id=pad, micro_batch_size=c.rollout.log_prob_micro_batch_size)
     contenders = {
         "generate/hf": lambda: generate(model, prompts, **gen_kwargs),
         "generate/ours": lambda: sample(sampler, prompts, **gen_kwargs),
@@ -135,8 +134,8 @@ def main() -> None:
     if bf16:  # the engine's loop under autocast over the fp32 weights: before the bf16 copy
         contenders["generate/autocast"] = lambda: sample(model, prompts, **gen_kwargs)
     contenders = {name: fn if name == "generate/ours" else autocast(fn) for name, fn in contenders.items()}
-    t = time_interleaved(contenders, args.repeats, warmup=1 if c.model_path else 2)  # a real model: minutes a call
-    updates = c.train_batch_size // c.ppo_mini_batch_size * c.ppo_epochs
+    t = time_interleaved(contenders, args.repeats, warmup=1 if c.model.path else 2)  # a real model: minutes a call
+    updates = c.data.train_batch_size // c.actor.ppo_mini_batch_size * c.actor.ppo_epochs
     layouts = ("cache", "packed")
     steps = {"hf": t["generate/hf"] + t["score"] + t["old_log_prob/hf"] + updates * t["update/hf"]}
     for layout in layouts:  # bypass_mode: no old_log_prob pass
@@ -151,7 +150,7 @@ def main() -> None:
                          hf / packed if packed else float("inf"), cache / packed if packed else float("inf")])
     rows_out.append(["one round step", *(steps[k] * 1e3 for k in ("hf", "cache", "packed")),
                      steps["hf"] / steps["packed"], steps["cache"] / steps["packed"]])
-    print(f"\none round of {c.gen_batch_size} prompts x {c.n}, {updates} updates of {micro} responses, "
+    print(f"\none round of {c.data.gen_batch_size} prompts x {c.rollout.n}, {updates} updates of {micro} responses, "
           f"{torch.get_num_threads()} torch thread(s), {'bf16 compute' if bf16 else 'fp32'}; "
           f"medians of {args.repeats} alternating repeats, ms; the engine's old_log_prob = bypass_mode (the "
           f"shared-prompt recomputation takes {t['old_log_prob/cache'] * 1e3:.1f} ms in the cache layout, "

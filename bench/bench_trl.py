@@ -111,12 +111,12 @@ def engine_config(overrides: list[str], config_name: str = "embedded"):
 
 def data_files(c) -> tuple[str, list[str]]:
     """The train / validation parquet the engine reads (the synthetic task's unless data.*_files are set)."""
-    if c.train_files is None or c.val_files is None:
+    if c.data.train_files is None or c.data.val_files is None:
         from recipe.embedded.warmup import task_files
 
-        task_dir = task_files(c.cache_dir, c.task)
-    train = c.train_files or [str(task_dir / "train.parquet")]
-    val = c.val_files or [str(task_dir / "val.parquet")]
+        task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
+    train = c.data.train_files or [str(task_dir / "train.parquet")]
+    val = c.data.val_files or [str(task_dir / "val.parquet")]
     if len(train) != 1:
         raise SystemExit(f"bench_trl: give TRL one train file (data.train_files has {len(train)})")
     return train[0], val
@@ -124,12 +124,12 @@ def data_files(c) -> tuple[str, list[str]]:
 
 def start_model(c) -> str:
     """The model both start from: ``actor_rollout_ref.model.path``, else the engine's warm-up cache entry."""
-    if c.model_path is not None:
-        return c.model_path
+    if c.model.path is not None:
+        return c.model.path
     from recipe.embedded.warmup import warm_model
 
     start = time.perf_counter()
-    path = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"))
+    path = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu"))
     print(f"start model: {path} ({time.perf_counter() - start:.0f} s to get it, not timed)")
     return str(path)
 
@@ -184,8 +184,8 @@ def worker(name: str, spec: dict, turns: Turns) -> None:
     os.dup2(log.fileno(), 2)
     try:
         cfg, c = engine_config(spec["overrides"], spec["config_name"])
-        if c.num_threads is not None:  # as the engine does (None: torch's default)
-            torch.set_num_threads(c.num_threads)
+        if c.embedded.num_threads is not None:  # as the engine does (None: torch's default)
+            torch.set_num_threads(c.embedded.num_threads)
         train = train_ours if name == "ours" else train_trl
         result = train(cfg, c, spec, turns)
     finally:
@@ -212,7 +212,7 @@ def train_ours(cfg, c, spec: dict, turns: Turns) -> dict:
         "rollout_s": [r["timing_s/step"] for r in records],
         "gen_s": [r.get("timing_s/gen", float("nan")) for r in records],
         "update_s": [r.get("timing_s/update_actor", float("nan")) for r in records],
-        "generated": [r.get("dapo/generated_prompts", c.train_batch_size) * c.n for r in records],
+        "generated": [r.get("dapo/generated_prompts", c.data.train_batch_size) * c.rollout.n for r in records],
         "kept_group_frac": [r.get("dapo/kept_group_frac") for r in records],
         "updates_per_rollout": updates_per_rollout(c),
         "torch_threads": torch.get_num_threads(),
@@ -266,24 +266,23 @@ class Evaluator:
         self.c, self.model_dir, self.seed = c, model_dir, seed
         self.tokenizer = load_tokenizer(model_dir)
         self.val = load_prompts(
-            val_files, self.tokenizer, files_key="data.val_files", prompt_key=c.prompt_key,
-            reward_fn_key=c.reward_fn_key, max_prompt_length=c.max_prompt_length,
-            filter_overlong_prompts=c.filter_overlong_prompts, truncation=c.truncation,
-            max_samples=c.val_max_samples, seed=c.data_seed,
+            val_files, self.tokenizer, files_key="data.val_files", prompt_key=c.data.prompt_key,
+            reward_fn_key=c.data.reward_fn_key, max_prompt_length=c.data.max_prompt_length,
+            filter_overlong_prompts=c.data.filter_overlong_prompts, truncation=c.data.truncation,
+            max_samples=c.data.val_max_samples, seed=c.data.seed,
         )
 
     def load(self, weights: str):
         from transformers import AutoModelForCausalLM
 
-        from recipe.common.cpu import cpu_has_bf16
-        from recipe.embedded.trainer import low_precision_copy
+        from recipe.embedded.policy import bf16_compute, low_precision_copy
 
         if weights.endswith(".pt"):  # a TRL snapshot: state dict of the start model's architecture
             model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
             model.load_state_dict(torch.load(weights, map_location="cpu"))
         else:
             model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
-        if self.c.dtype == "bfloat16" and cpu_has_bf16():  # sampled as the engine samples, the same for every model
+        if bf16_compute(self.c):  # sampled as the engine samples, the same for every model
             model = low_precision_copy(model, torch.bfloat16)
         return model.eval()
 
@@ -297,14 +296,14 @@ class Evaluator:
         model = self.load(weights)
         eos = eos_token_ids(tok.eos_token_id, model.generation_config.eos_token_id)  # the engines' rule
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
-        params = SamplingParams(c.val_do_sample, c.val_temperature, c.val_top_p, c.val_top_k)
+        params = SamplingParams(c.rollout.val_do_sample, c.rollout.val_temperature, c.rollout.val_top_p, c.rollout.val_top_k)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             ids, mask, _ = sample(  # generate's distribution, faster (tests/test_embedded_decode.py)
-                model, self.val.prompt_ids, n=c.val_n, params=params, max_new_tokens=c.max_response_length,
-                eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
+                model, self.val.prompt_ids, n=c.rollout.val_n, params=params, max_new_tokens=c.data.max_response_length,
+                eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.rollout.max_num_seqs,
             )  # [V*k, T]
-        truths = [t for t in self.val.ground_truths for _ in range(c.val_n)]
+        truths = [t for t in self.val.ground_truths for _ in range(c.rollout.val_n)]
         correct = [
             compute_score(None, tok.decode(ids[i][mask[i].bool()], skip_special_tokens=True), truths[i])["acc"]
             for i in range(ids.shape[0])
@@ -323,16 +322,16 @@ def check_prompt_parity(c, model_dir: str, train_file: str, rows: int = 64) -> N
 
     tok = load_tokenizer(model_dir)
     reference = tok
-    if c.model_path is None:  # the task's own tokenizer directory (no model config beside it)
+    if c.model.path is None:  # the task's own tokenizer directory (no model config beside it)
         from recipe.embedded.warmup import task_files
 
-        reference = AutoTokenizer.from_pretrained(task_files(c.cache_dir, c.task) / "tokenizer")
+        reference = AutoTokenizer.from_pretrained(task_files(c.embedded.cache_dir, c.embedded.task) / "tokenizer")
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(tmp) / "head.parquet"
         pd.read_parquet(train_file).head(rows).to_parquet(head, index=False)
-        ours = load_prompts([str(head)], reference, files_key="data.train_files", prompt_key=c.prompt_key,
-                            reward_fn_key=c.reward_fn_key, max_prompt_length=c.max_prompt_length,
-                            filter_overlong_prompts=False, truncation=c.truncation)
+        ours = load_prompts([str(head)], reference, files_key="data.train_files", prompt_key=c.data.prompt_key,
+                            reward_fn_key=c.data.reward_fn_key, max_prompt_length=c.data.max_prompt_length,
+                            filter_overlong_prompts=False, truncation=c.data.truncation)
         prompts = list(train_dataset(str(head))["prompt"])
     theirs = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     if [p.tolist() for p in ours.prompt_ids] != [list(t) for t in theirs]:
@@ -536,8 +535,8 @@ def main() -> None:
             print(f"seed {seed}: training both")
             results[seed] = run_alternating(spec, out_dir)
 
-            if c.num_threads is not None:
-                torch.set_num_threads(c.num_threads)
+            if c.embedded.num_threads is not None:
+                torch.set_num_threads(c.embedded.num_threads)
             if evaluator is None:
                 from transformers.utils import logging as hf_logging
 
@@ -550,12 +549,12 @@ def main() -> None:
         per_seed = {seed: figures(results[seed], accs[seed], target) for seed in seeds}
         summ = summary(per_seed)
         settings = {"steps": steps, "eval_every": every, "seeds": seeds,
-                    "threads": results[seeds[0]]["ours"]["torch_threads"], "n": c.n,
-                    "train_batch_size": c.train_batch_size, "gen_batch_size": c.gen_batch_size,
-                    "ppo_mini_batch_size": c.ppo_mini_batch_size, "max_response_length": c.max_response_length,
-                    "lr": c.lr, "val_n": c.val_n, "val_top_p": c.val_top_p, "overrides": args.overrides,
+                    "threads": results[seeds[0]]["ours"]["torch_threads"], "n": c.rollout.n,
+                    "train_batch_size": c.data.train_batch_size, "gen_batch_size": c.data.gen_batch_size,
+                    "ppo_mini_batch_size": c.actor.ppo_mini_batch_size, "max_response_length": c.data.max_response_length,
+                    "lr": c.actor.lr, "val_n": c.rollout.val_n, "val_top_p": c.rollout.val_top_p, "overrides": args.overrides,
                     "filter_groups": c.dapo.filter.enable, "preset": preset_name, "config": preset["config"],
-                    "dtype": c.dtype}
+                    "dtype": c.embedded.dtype}
         report(per_seed, summ, settings)
         write_json(args.json, {"target_acc": target, "seeds": {str(k): v for k, v in per_seed.items()},
                                "summary": summ, "settings": settings})

@@ -58,12 +58,13 @@ import torch
 
 from dapo.reward import compute_score
 from dapo.shaping import overlong_penalty
+from recipe.embedded.policy import bf16_compute
 
 
 def trl_grpo_kwargs(c, output_dir: str, rollout_steps: int) -> dict:
     """``GRPOConfig`` keyword arguments equivalent to the engine settings ``c`` (an ``EngineConfig``)."""
-    g, micro = c.n, c.ppo_micro_batch_size
-    mini_responses, rollout_responses = c.ppo_mini_batch_size * g, c.train_batch_size * g
+    g, micro = c.rollout.n, c.actor.ppo_micro_batch_size
+    mini_responses, rollout_responses = c.actor.ppo_mini_batch_size * g, c.data.train_batch_size * g
     if rollout_responses % micro or mini_responses % micro:
         raise ValueError(
             f"TRL needs the rollout ({rollout_responses}) and mini-batch ({mini_responses}) response counts to be "
@@ -72,9 +73,9 @@ def trl_grpo_kwargs(c, output_dir: str, rollout_steps: int) -> dict:
     return dict(
         output_dir=output_dir,
         report_to="none",
-        seed=c.seed,
+        seed=c.embedded.seed,
         use_cpu=not torch.cuda.is_available(),
-        bf16=_bf16(c),
+        bf16=bf16_compute(c),  # mixed precision as the engine computes (fp32 for the tiny model)
         fp16=False,
         gradient_checkpointing=False,
         disable_dropout=True,
@@ -83,25 +84,25 @@ def trl_grpo_kwargs(c, output_dir: str, rollout_steps: int) -> dict:
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=mini_responses // micro,
         steps_per_generation=rollout_responses // micro,
-        num_iterations=c.ppo_epochs,
+        num_iterations=c.actor.ppo_epochs,
         max_steps=rollout_steps * updates_per_rollout(c),
-        shuffle_dataset=c.shuffle,
+        shuffle_dataset=c.data.shuffle,
         # DAPO
         loss_type="dapo",
         epsilon=c.dapo.loss.clip_ratio_low,
         epsilon_high=c.dapo.loss.clip_ratio_high,
         beta=0.0,
         mask_truncated_completions=c.dapo.overlong.filter,
-        scale_rewards="group" if c.norm_adv_by_std_in_grpo else "none",
+        scale_rewards="group" if c.algorithm.norm_adv_by_std_in_grpo else "none",
         # optimisation (the optimizer and schedule themselves are passed in, see run_worker)
-        learning_rate=c.lr,
-        weight_decay=c.weight_decay,
-        max_grad_norm=c.grad_clip,
+        learning_rate=c.actor.lr,
+        weight_decay=c.actor.weight_decay,
+        max_grad_norm=c.actor.grad_clip,
         # sampling
-        max_completion_length=c.max_response_length,
-        temperature=c.temperature,
-        top_p=c.top_p,
-        top_k=c.top_k,
+        max_completion_length=c.data.max_response_length,
+        temperature=c.rollout.temperature,
+        top_p=c.rollout.top_p,
+        top_k=c.rollout.top_k,
         repetition_penalty=1.0,
         # no extra work
         logging_steps=updates_per_rollout(c),
@@ -113,19 +114,9 @@ def trl_grpo_kwargs(c, output_dir: str, rollout_steps: int) -> dict:
     )
 
 
-def _bf16(c) -> bool:
-    """Mixed precision as the engine computes: bf16 over fp32 weights where ``embedded.dtype=bfloat16`` runs (a GPU,
-    or a CPU with native bf16); fp32 otherwise, including the tiny model's default (``auto``: fp32 on a CPU)."""
-    if c.dtype != "bfloat16":
-        return False
-    from recipe.common.cpu import cpu_has_bf16
-
-    return torch.cuda.is_available() or cpu_has_bf16()
-
-
 def updates_per_rollout(c) -> int:
     """Optimizer updates per rollout step, the same for both: ppo_epochs x mini-batches."""
-    return c.ppo_epochs * (c.train_batch_size // c.ppo_mini_batch_size)
+    return c.actor.ppo_epochs * (c.data.train_batch_size // c.actor.ppo_mini_batch_size)
 
 
 class DapoScore:
@@ -136,12 +127,12 @@ class DapoScore:
     __name__ = "dapo_score"
 
     def __init__(self, c):
-        self.kwargs = c.reward_kwargs
+        self.kwargs = c.reward.kwargs
         self.score_fn = compute_score
-        if c.reward_path:
+        if c.reward.path:
             from verl.utils.import_utils import load_extern_object
 
-            self.score_fn = load_extern_object(c.reward_path, c.reward_name)
+            self.score_fn = load_extern_object(c.reward.path, c.reward.name)
 
     def __call__(self, prompts, completions, ground_truth, data_source, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -173,7 +164,7 @@ def reward_funcs(c) -> tuple[list, list[float]]:
 
 def staircase_warmup(optimizer, c):
     """The engine's schedule in optimizer updates: factor r / W during the first W rollout steps r, then 1."""
-    per_rollout, warmup = updates_per_rollout(c), c.lr_warmup_steps
+    per_rollout, warmup = updates_per_rollout(c), c.actor.lr_warmup_steps
 
     def factor(update: int) -> float:
         rollout = update // per_rollout
@@ -197,7 +188,7 @@ def train_dataset(train_file: str):
 
 def load_tokenizer(path: str):
     """The tokenizer saved in ``path``, loaded as the engine loads it, left-padded for TRL's generation."""
-    from recipe.embedded.trainer import load_tokenizer as engine_load_tokenizer
+    from recipe.embedded.policy import load_tokenizer as engine_load_tokenizer
 
     tokenizer = engine_load_tokenizer(path)
     tokenizer.padding_side = "left"
@@ -221,7 +212,7 @@ def run_worker(c, model_dir: str, train_file: str, out_dir: Path, rollout_steps:
     funcs, weights = reward_funcs(c)
     args = GRPOConfig(**trl_grpo_kwargs(c, str(out_dir / "trl_output"), rollout_steps), reward_weights=weights)
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=c.lr, betas=c.betas, weight_decay=c.weight_decay
+        [p for p in model.parameters() if p.requires_grad], lr=c.actor.lr, betas=c.actor.betas, weight_decay=c.actor.weight_decay
     )
     per_rollout = updates_per_rollout(c)
     snapshots: dict[int, str] = {}
@@ -257,7 +248,7 @@ def run_worker(c, model_dir: str, train_file: str, out_dir: Path, rollout_steps:
         "rollout_s": rollout_s,
         "gen_s": gen_s,
         "update_s": [r - g for r, g in zip(rollout_s, gen_s)],
-        "generated": [c.train_batch_size * c.n] * len(rollout_s),
+        "generated": [c.data.train_batch_size * c.rollout.n] * len(rollout_s),
         "updates_per_rollout": per_rollout,
         "snapshots": {str(k): v for k, v in snapshots.items()},
         "lr_last": optimizer.param_groups[0]["lr"],

@@ -91,7 +91,7 @@ def tiny_start_weights(tiny_run):
     from recipe.embedded.warmup import warm_model
 
     c = read_config(compose(tiny_run()))
-    return load_file(warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device="cpu") / "model.safetensors")
+    return load_file(warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device="cpu") / "model.safetensors")
 
 
 @pytest.fixture

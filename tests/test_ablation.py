@@ -67,7 +67,7 @@ def test_every_row_is_a_valid_engine_config_with_its_techniques():
         d = c.dapo
         seen.append((d.overlong.filter, d.loss.clip_ratio_high, d.overlong.buffer_enable, d.loss.loss_agg_mode,
                      d.filter.enable))
-        assert c.task["name"] == "addition_steps" and c.task["digits"] == 6 and c.max_response_length == 56
+        assert c.embedded.task["name"] == "addition_steps" and c.embedded.task["digits"] == 6 and c.data.max_response_length == 56
         assert (d.overlong.max_resp_len, d.overlong.buffer_len) == (56, 12)
     assert seen == [
         (False, 0.2, False, "seq-mean-token-mean", False),
@@ -289,7 +289,7 @@ def test_print_commands_gives_a_dapo_train_line_per_run(capsys, tmp_path):
     assert "algorithm.filter_groups.enable=true" in lines[-1]
     # a seed changes both the RL sampling and the prompt order the engine reads (data.seed wins over embedded.seed)
     seeds = [read_config(compose(line.split()[3:], ablation.CONFIG_NAME)) for line in lines[:2]]
-    assert [(c.seed, c.data_seed) for c in seeds] == [(0, 0), (1, 1)]
+    assert [(c.embedded.seed, c.data.seed) for c in seeds] == [(0, 0), (1, 1)]
 
 
 def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
@@ -300,36 +300,36 @@ def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
         overrides = line.split()[3:]
         assert f"{ablation.DEVICE_KEY}=cuda" in overrides
         c = read_config(compose(overrides, ablation.CONFIG_NAME))
-        assert c.device == "cuda" and c.tiny_model["hidden_size"] == 256 and c.num_threads == 2
+        assert c.embedded.device == "cuda" and c.embedded.tiny_model["hidden_size"] == 256 and c.embedded.num_threads == 2
     # --quick keeps its small setting on the GPU; a command-line override comes last and wins
     assert ablation.main(["--print-commands", "--quick", "--device", "cuda", "--seeds", "1", "--out", str(tmp_path),
                           "trainer.total_training_steps=3"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dapo-train"))
     c = read_config(compose(line.split()[3:], ablation.CONFIG_NAME))
-    assert c.device == "cuda" and c.tiny_model["hidden_size"] == 128 and c.total_training_steps == 3
+    assert c.embedded.device == "cuda" and c.embedded.tiny_model["hidden_size"] == 128 and c.trainer.total_training_steps == 3
 
 
 def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_the_longest():
     from recipe.embedded.task import StepsAdditionTask, build_tokenizer, solution_text
 
     cfg = read_config(compose([], "ablation_long"))
-    assert cfg.task["name"] == "addition_steps" and cfg.task["digits"] == 6
-    spec = StepsAdditionTask(**{k: v for k, v in cfg.task.items() if k != "name"})
+    assert cfg.embedded.task["name"] == "addition_steps" and cfg.embedded.task["digits"] == 6
+    spec = StepsAdditionTask(**{k: v for k, v in cfg.embedded.task.items() if k != "name"})
     tokenizer = build_tokenizer(spec)
     # one token per digit, "+", "="; "7+5=12\n" is at most 7 tokens, a carry adds 2 ("+1")
     lengths = [len(tokenizer(solution_text(r), add_special_tokens=False)["input_ids"]) + 1 for r in spec.rows("train")]
     # shortest: "2+3=5\nAnswer: 5" + EOS = 8 tokens; longest: 6 columns with carries + a 7-digit answer, 60 here
     assert min(lengths) == 8 and 55 <= max(lengths) <= 62
     assert max(lengths) / min(lengths) >= 7
-    budget, buffer = cfg.max_response_length, cfg.dapo.overlong.buffer_len
+    budget, buffer = cfg.data.max_response_length, cfg.dapo.overlong.buffer_len
     over = sum(n > budget for n in lengths) / len(lengths)
     in_buffer = sum(budget - buffer < n <= budget for n in lengths) / len(lengths)
     assert 0.002 < over < 0.03  # the budget binds for the longest solutions only (6 columns, most of them carried)
     assert 0.15 < in_buffer < 0.40  # the long correct solutions (6 columns) are softly punished
     prompts = [len(tokenizer(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
                              add_special_tokens=False)["input_ids"]) for r in spec.rows("train")]
-    assert max(prompts) <= cfg.max_prompt_length
-    assert max(prompts) + budget <= cfg.tiny_model["max_position_embeddings"]
+    assert max(prompts) <= cfg.data.max_prompt_length
+    assert max(prompts) + budget <= cfg.embedded.tiny_model["max_position_embeddings"]
 
 
 def test_config_name_picks_the_shared_setting_of_every_run(capsys, tmp_path):
@@ -337,10 +337,10 @@ def test_config_name_picks_the_shared_setting_of_every_run(capsys, tmp_path):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
     assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation_long ") for line in lines)
     c = read_config(compose(lines[0].split()[3:], "ablation_long"))
-    assert c.task["digits"] == 6 and c.total_training_steps == 8  # the default setting, --quick's 8 steps
+    assert c.embedded.task["digits"] == 6 and c.trainer.total_training_steps == 8  # the default setting, --quick's 8 steps
     assert ablation.main(["--print-commands", "--config-name", "ablation", "--seeds", "1", "--out", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
     assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation ") for line in lines)
     c = read_config(compose(lines[0].split()[3:], "ablation"))
-    assert c.task["digits"] == 3 and c.total_training_steps == 40 and c.max_response_length == 28
+    assert c.embedded.task["digits"] == 3 and c.trainer.total_training_steps == 40 and c.data.max_response_length == 28
     assert ablation.main(["--print-commands", "--config-name", "no_such_setting", "--out", str(tmp_path)]) == 2

@@ -8,10 +8,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench import bench_engines, bench_trl
-from bench.trl_peer import _bf16, trl_grpo_kwargs
+from bench.trl_peer import trl_grpo_kwargs
 from recipe.cli import compose
 from recipe.common.cpu import cpu_has_bf16
 from recipe.embedded.config import read_config
+from recipe.embedded.policy import bf16_compute
 
 
 def test_bench_engines_real_model_runs_both_real_model_configs_with_the_same_overrides():
@@ -33,22 +34,22 @@ def test_bench_trl_presets_compose_their_config(preset, tmp_path):
     assert spec["steps"] % spec["eval_every"] == 0
     overrides = bench_trl.engine_overrides(tmp_path / "run", spec["steps"], spec["eval_every"], None, 0)
     _, c = bench_trl.engine_config(overrides + spec["overrides"], spec["config"])
-    assert c.total_training_steps == spec["steps"] and c.save_freq == spec["eval_every"]
+    assert c.trainer.total_training_steps == spec["steps"] and c.trainer.save_freq == spec["eval_every"]
     kwargs = trl_grpo_kwargs(c, str(tmp_path / "trl"), spec["steps"])
     # 8 prompts x 4 responses in micro-batches of 16 (real model), B/b updates per rollout either way
-    assert kwargs["max_steps"] == spec["steps"] * c.train_batch_size // c.ppo_mini_batch_size * c.ppo_epochs
-    assert kwargs["max_completion_length"] == c.max_response_length
+    assert kwargs["max_steps"] == spec["steps"] * c.data.train_batch_size // c.actor.ppo_mini_batch_size * c.actor.ppo_epochs
+    assert kwargs["max_completion_length"] == c.data.max_response_length
     if preset == "real-model":
-        assert c.model_path.endswith("smollm2/run/model") and c.max_response_length == 104
+        assert c.model.path.endswith("smollm2/run/model") and c.data.max_response_length == 104
         assert kwargs["bf16"] == cpu_has_bf16()  # TRL computes as the engine does: bf16 where this CPU has it
     else:
-        assert c.model_path is None and kwargs["bf16"] is False  # the tiny model: fp32 on a CPU (embedded.dtype=auto)
+        assert c.model.path is None and kwargs["bf16"] is False  # the tiny model: fp32 on a CPU (embedded.dtype=auto)
 
 
 def test_trl_precision_follows_the_engine_dtype():
     base = read_config(compose([], "embedded_smollm2"))
-    assert _bf16(read_config(compose(["embedded.dtype=float32"], "embedded_smollm2"))) is False
-    assert _bf16(base) is cpu_has_bf16()
+    assert bf16_compute(read_config(compose(["embedded.dtype=float32"], "embedded_smollm2"))) is False
+    assert bf16_compute(base) is cpu_has_bf16()
 
 
 def test_start_model_bench_counts_operations_of_both_tasks():

@@ -62,7 +62,7 @@ def _weight_bound(record: dict, tiny_run) -> float:
     from recipe.embedded.config import read_config
 
     c = read_config(cli.compose(tiny_run()))
-    tokens = RESPONSES_PER_MINI_BATCH * (c.max_prompt_length + c.max_response_length)  # prompt + response rows
+    tokens = RESPONSES_PER_MINI_BATCH * (c.data.max_prompt_length + c.data.max_response_length)  # prompt + response rows
     delta_g = tokens * DEPTH * EPS64 * max(record["actor/grad_norm"], 1.0)
     return OPTIMIZER_STEPS * LR * delta_g / ADAM_EPS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from recipe.embedded.trainer import Policy, low_precision_copy
+from recipe.embedded.policy import Policy, low_precision_copy
 from test_embedded_decode import EOS, PAD, qwen2
 
 

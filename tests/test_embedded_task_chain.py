@@ -81,19 +81,19 @@ def test_problems_are_distinct_held_out_reproducible_and_span_an_order_of_magnit
 
 def test_the_chain_setting_budget_binds_for_the_longest_solutions_and_the_buffer_holds_the_long_ones():
     cfg = read_config(compose([], "ablation_chain"))
-    assert cfg.task["name"] == "chain" and cfg.task["digits"] is None
-    spec = ChainTask(**{k: v for k, v in cfg.task.items() if k not in ("name", "digits")})
+    assert cfg.embedded.task["name"] == "chain" and cfg.embedded.task["digits"] is None
+    spec = ChainTask(**{k: v for k, v in cfg.embedded.task.items() if k not in ("name", "digits")})
     tokenizer = build_tokenizer(spec)
     lengths = [len(tokenizer(solution_text(r), add_special_tokens=False)["input_ids"]) + 1 for r in spec.rows("train")]
-    budget, buffer = cfg.max_response_length, cfg.dapo.overlong.buffer_len
+    budget, buffer = cfg.data.max_response_length, cfg.dapo.overlong.buffer_len
     over = sum(n > budget for n in lengths) / len(lengths)
     in_buffer = sum(budget - buffer < n <= budget for n in lengths) / len(lengths)
     assert 0.02 < over <= 0.12  # the longest chains (8 operations on two-digit values) do not fit the budget
     assert 0.10 < in_buffer < 0.40  # the long correct solutions are softly punished
     prompts = [len(tokenizer(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
                              add_special_tokens=False)["input_ids"]) for r in spec.rows("train")]
-    assert max(prompts) <= cfg.max_prompt_length
-    assert max(prompts) + budget <= cfg.tiny_model["max_position_embeddings"]
+    assert max(prompts) <= cfg.data.max_prompt_length
+    assert max(prompts) + budget <= cfg.embedded.tiny_model["max_position_embeddings"]
 
 
 @pytest.mark.parametrize("settings, message", [

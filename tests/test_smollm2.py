@@ -120,7 +120,7 @@ def test_both_engines_build_the_same_prompt_token_ids(assets):
     from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
     from recipe.embedded.data import load_prompts
-    from recipe.embedded.trainer import load_tokenizer
+    from recipe.embedded.policy import load_tokenizer
 
     train = str(assets / "train.parquet")
     ours = load_prompts([train], load_tokenizer(assets / "model"), files_key="data.train_files", prompt_key="prompt",
@@ -143,8 +143,8 @@ def test_a_response_the_model_ends_at_the_budget_is_not_truncated(assets):
 
     from dapo.loss import truncated_responses
     from recipe.embedded.decode import sample
+    from recipe.embedded.policy import load_tokenizer
     from recipe.embedded.rollout import SamplingParams
-    from recipe.embedded.trainer import load_tokenizer
 
     tokenizer = load_tokenizer(assets / "model")
     model = AutoModelForCausalLM.from_pretrained(assets / "model")

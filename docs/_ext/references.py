@@ -1,6 +1,6 @@
 """Sphinx extension: writes ``reference/configuration.md`` and ``reference/metrics.md`` before each build, from the
-declarations themselves: the ``help`` metadata of :mod:`dapo.settings`' dataclass fields and
-:data:`dapo.metrics.METRIC_DOCS`. Nothing in them is written by hand; change a ``help`` string and the page
+declarations themselves: the ``help`` metadata of :mod:`dapo.settings`' dataclass fields, the ``key`` and ``help``
+metadata of :mod:`recipe.embedded.config`'s sections, and :data:`dapo.metrics.METRIC_DOCS`. Nothing in them is written by hand; change a ``help`` string and the page
 changes."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ def _cell(text) -> str:
 
 def configuration_page() -> str:
     import dapo.settings as settings
+    import recipe.embedded.config as embedded_config
 
     lines = ["# Configuration reference", "",
              "Generated from the `help` metadata of the dataclasses in `dapo.settings`, the contract both engines "
@@ -28,6 +29,18 @@ def configuration_page() -> str:
         for field in dataclasses.fields(cls):
             default = field.default if field.default is not dataclasses.MISSING else "(required)"
             lines.append(f"| `{field.name}` | `{default!r}` | {_cell(field.metadata.get('help', ''))} |")
+        lines.append("")
+    lines += ["## The embedded engine's sections", "",
+              "Generated from the field metadata of `recipe.embedded.config`: every key the embedded engine reads, "
+              "by section. Defaults are the composed config's (`configs/embedded.yaml` over `configs/dapo_trainer.yaml` "
+              "over verl's `ppo_trainer`); a key missing from the config is refused, naming it. Keys marked *shared* "
+              "are checked by `RunSettings` above for both engines.", ""]
+    for cls in embedded_config.SECTIONS:
+        lines += [f"### `{cls.__name__}`", "", _cell((cls.__doc__ or "").strip()), "",
+                  "| field | key | meaning |", "| --- | --- | --- |"]
+        for field in dataclasses.fields(cls):
+            shared = " *(shared)*" if field.metadata["shared"] else ""
+            lines.append(f"| `{field.name}` | `{field.metadata['key']}` | {_cell(field.metadata['help'])}{shared} |")
         lines.append("")
     return "\n".join(lines)
 

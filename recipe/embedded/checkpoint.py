@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recipe.common.identity import check_same_run
+from recipe.embedded.config import ConfigError, EngineConfig
+
 TRACKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -181,3 +184,47 @@ def restore_training_state(state: dict, optimizer, scheduler, stream, filler) ->
 def load_state(checkpoint: Path) -> dict:
     # our own file: optimizer and RNG states hold numpy arrays and python tuples, so weights_only is off
     return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------------------- resume
+
+
+def resume_checkpoint(c: EngineConfig, run_dir: Path, identity: dict) -> Path | None:
+    """verl's ``trainer.resume_mode``: auto = the latest intact checkpoint in the run dir if any; disable = start
+    over; resume_path = ``trainer.resume_from_path``. A checkpoint of another run is refused (run.json)."""
+    if c.trainer.resume_mode == "disable":
+        return None
+    if c.trainer.resume_mode == "resume_path":
+        path = Path(c.trainer.resume_from_path).expanduser()
+        if not (path / STATE_FILE).is_file():
+            raise ConfigError(
+                f"trainer.resume_from_path={c.trainer.resume_from_path!r} is not a checkpoint (a global_step_N directory)"
+            )
+        problem = damage(path)
+        if problem:
+            raise ConfigError(f"trainer.resume_from_path={c.trainer.resume_from_path!r}: {problem}; point it at an intact "
+                              "checkpoint")
+    else:
+        path = find_intact(run_dir)
+    if path is not None:
+        check_same_run(path, identity)
+    return path
+
+
+def finished(c: EngineConfig, resume_from: Path) -> bool:
+    """True (and says so) when the checkpoint is the last step of ``trainer.total_training_steps``; a length given
+    in epochs is known only once the data is read, so that case is told after loading (``run``)."""
+    step = int(resume_from.name.rsplit("_", 1)[1]) if resume_from.name.startswith("global_step_") else None
+    if c.trainer.val_only or step is None or c.trainer.total_training_steps is None or step < c.trainer.total_training_steps:
+        return False
+    finished_message(c, resume_from, step, c.trainer.total_training_steps)
+    return True
+
+
+def finished_message(c: EngineConfig, resume_from: Path, step: int, total_steps: int) -> None:
+    print(
+        f"this run is complete: {resume_from} is step {step} of trainer.total_training_steps={total_steps}; nothing "
+        f"to train. Its metrics and plots are in {resume_from.parent}. To train further raise "
+        "trainer.total_training_steps; to start a new run set trainer.experiment_name=<new name> (or "
+        "trainer.resume_mode=disable to start over in this directory)"
+    )

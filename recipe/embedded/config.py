@@ -1,120 +1,68 @@
-"""What the embedded engine reads from the composed config (verl's keys), checked once, as plain values.
+"""What the embedded engine reads from the composed config (verl's keys), checked once, as typed frozen sections.
 
 The engine reads the Hydra config in one place, here, and validates it with errors that name the key to set.
-Everything else in the engine takes these plain values. What DAPO decides (the loss, dynamic sampling, overlong
-filtering and shaping) is :class:`dapo.settings.DapoSettings`, built from the config exactly as the verl engine
-builds it; the rest (model, data, rollout, optimizer, trainer) is read here. Meanings are verl's:
-``data.train_batch_size`` and ``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n``
-responses), while ``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count
-responses.
+Everything else in the engine takes these objects. The pattern is :mod:`dapo.settings`' own: one frozen dataclass
+per section, each field declaring its verl key and its meaning (``metadata``: ``key``, ``help``; the
+configuration reference is generated from them), built by a ``from_config`` classmethod from the plain mapping
+``OmegaConf.to_container`` gives, every key read with :func:`dapo.settings.select`:
+
+* :class:`DataConfig`       ``data.*``                      files, columns, lengths, batch sizes, prompt shaping
+* :class:`RolloutConfig`    ``actor_rollout_ref.rollout.*``   sampling for training and validation, batching
+* :class:`ActorConfig`      ``actor_rollout_ref.actor.*``     mini- and micro-batches, epochs, optimizer
+* :class:`ModelConfig`      ``actor_rollout_ref.model.*``     the model and tokenizer to load
+* :class:`AlgorithmConfig`  ``algorithm.*``                   advantage normalisation, behaviour log-probs
+* :class:`RewardConfig`     ``reward.custom_reward_function.*``, ``dapo.reward_timeout_s``
+* :class:`TrainerConfig`    ``trainer.*``                     length, validation, checkpoints, logging, resume
+* :class:`EmbeddedConfig`   ``embedded.*``                    the engine's own keys (device, dtype, tiny model)
+
+:class:`EngineConfig` holds them, with :class:`dapo.settings.DapoSettings` (the loss, dynamic sampling, overlong
+filtering and shaping), built from the config exactly as the verl engine builds it. Values both engines check
+(``dapo.settings.RunSettings``: ``rollout.n``, sampling, lengths, optimizer, schedule) are taken from there, not
+read twice. There are no fallback defaults: the composed config carries verl's own YAML (``configs/dapo_trainer.yaml``
+composes ``ppo_trainer``), so a key the engine reads is always declared; a missing one is a config not composed from
+``configs/`` and is refused naming the key. Meanings are verl's: ``data.train_batch_size`` and
+``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n`` responses), while
+``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count responses.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from dapo.settings import ConfigError, DapoSettings, check_float, check_int, divisor_near
+from dapo.settings import (
+    ConfigError,
+    DapoSettings,
+    RunSettings,
+    check_float,
+    check_int,
+    divisor_near,
+    select,
+)
 
-__all__ = ["ConfigError", "EngineConfig", "ignored_verl_keys", "read_config"]
+__all__ = [
+    "ActorConfig", "AlgorithmConfig", "ConfigError", "DataConfig", "EmbeddedConfig", "EngineConfig", "ModelConfig",
+    "RewardConfig", "RolloutConfig", "SECTIONS", "TrainerConfig", "ignored_verl_keys", "read_config",
+]
 
-
-@dataclass(frozen=True)
-class EngineConfig:
-    dapo: DapoSettings  # the loss, dynamic sampling, overlong filtering and shaping: shared with the verl engine
-    # data
-    train_files: list[str] | None  # None: the embedded synthetic task
-    val_files: list[str] | None
-    train_max_samples: int
-    val_max_samples: int
-    prompt_key: str
-    reward_fn_key: str
-    max_prompt_length: int
-    max_response_length: int
-    val_batch_size: int | None  # prompts per validation sampling call (None: all)
-    shuffle: bool
-    data_seed: int
-    filter_overlong_prompts: bool
-    truncation: str
-    apply_chat_template_kwargs: dict
-    # rollout
-    n: int
-    temperature: float
-    top_p: float
-    top_k: int
-    val_n: int
-    val_temperature: float
-    val_top_p: float
-    val_top_k: int
-    val_do_sample: bool
-    max_num_seqs: int
-    log_prob_micro_batch_size: int  # responses
-    bypass_mode: bool  # old log-probs from the sampling pass, no recomputation (algorithm.rollout_correction)
-    # actor
-    ppo_mini_batch_size: int  # prompts
-    ppo_micro_batch_size: int  # responses
-    ppo_epochs: int
-    grad_clip: float  # actor.optim.clip_grad
-    lr: float
-    lr_warmup_steps: int
-    weight_decay: float
-    betas: tuple[float, float]
-    entropy_coeff: float
-    # model
-    model_path: str | None  # None: the embedded tiny Qwen2, warmed up
-    tokenizer_path: str | None
-    custom_chat_template: str | None
-    trust_remote_code: bool
-    gradient_checkpointing: bool
-    # algorithm and reward
-    norm_adv_by_std_in_grpo: bool
-    reward_path: str | None
-    reward_name: str
-    reward_kwargs: dict
-    reward_timeout_s: float | None  # dapo.reward_timeout_s: one reward call longer than this stops the run
-    # trainer
-    total_training_steps: int | None  # None: total_epochs over the train set
-    total_epochs: int
-    test_freq: int
-    save_freq: int
-    logger: tuple[str, ...]
-    project_name: str
-    experiment_name: str
-    run_dir: str
-    resume_mode: str
-    resume_from_path: str | None
-    val_before_train: bool
-    val_only: bool
-    max_ckpt_to_keep: int | None
-    # embedded
-    seed: int
-    device: str
-    dtype: str
-    num_threads: int | None  # None: torch's default
-    cache_dir: str
-    task: dict
-    tiny_model: dict
-    warmup: dict
-    progress_bar: bool
-
-    @property
-    def train_batch_size(self) -> int:  # prompts per step
-        return self.dapo.sampling.train_batch_size
-
-    @property
-    def gen_batch_size(self) -> int:  # prompts per generation round
-        return self.dapo.sampling.gen_batch_size
+ROLLOUT = "actor_rollout_ref.rollout"
+ACTOR = "actor_rollout_ref.actor"
+MODEL = "actor_rollout_ref.model"
 
 
-def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
-    value = OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
+def _key(key: str, help: str, *, shared: bool = False) -> Any:  # noqa: A002 (dataclasses' own word)
+    """A section field: its verl key and meaning; ``shared``: checked by ``dapo.settings.RunSettings`` for both
+    engines and taken from there."""
+    return field(metadata={"key": key, "help": help, "shared": shared})
+
+
+def _get(config: Mapping, key: str, default: Any = None) -> Any:
+    return select(config, key, default, required=True)
 
 
 def _files(value) -> list[str] | None:
@@ -123,136 +71,337 @@ def _files(value) -> list[str] | None:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
-def _positive(name: str, value, hint: str = "") -> int:
-    return check_int(name, value, minimum=1, hint=hint)
+def _max_samples(config: Mapping, key: str) -> int:
+    value = check_int(key, _get(config, key, -1), minimum=-1)
+    return value or -1  # verl: 0 or -1 reads every row
 
 
-def read_config(cfg: DictConfig) -> EngineConfig:
-    """Pull the engine's settings out of the composed config; raise :class:`ConfigError` naming the key to fix."""
-    actor = "actor_rollout_ref.actor"
-    rollout = "actor_rollout_ref.rollout"
+def _positive(key: str, value) -> int:
+    return check_int(key, value, minimum=1)
 
-    if _get(cfg, "algorithm.adv_estimator", "grpo") != "grpo":
-        raise ConfigError(
-            f"algorithm.adv_estimator={_get(cfg, 'algorithm.adv_estimator')!r}: the embedded engine implements "
-            "DAPO's group-relative advantage only; set algorithm.adv_estimator=grpo"
+
+@dataclass(frozen=True)
+class DataConfig:
+    """``data.*``: the prompt files, their columns, lengths and batch sizes."""
+
+    train_files: list[str] | None = _key("data.train_files", "parquet files in verl's schema (null: the embedded "
+                                                              "synthetic task, built under embedded.cache_dir)")
+    val_files: list[str] | None = _key("data.val_files", "held-out parquet files (null: the synthetic task's)")
+    train_max_samples: int = _key("data.train_max_samples", "rows read from the train files (-1: all)")
+    val_max_samples: int = _key("data.val_max_samples", "rows read from the validation files (-1: all)")
+    prompt_key: str = _key("data.prompt_key", "the column holding the chat messages")
+    reward_fn_key: str = _key("data.reward_fn_key", "the column naming each row's data source")
+    max_prompt_length: int = _key("data.max_prompt_length", "prompt tokens after the chat template", shared=True)
+    max_response_length: int = _key("data.max_response_length", "L_max: the response budget in tokens", shared=True)
+    train_batch_size: int = _key("data.train_batch_size", "prompts per step (groups kept by dynamic sampling)",
+                                 shared=True)
+    gen_batch_size: int = _key("data.gen_batch_size", "prompts per generation round", shared=True)
+    val_batch_size: int | None = _key("data.val_batch_size", "prompts per validation sampling call (null: all)")
+    shuffle: bool = _key("data.shuffle", "draw train prompts in a seeded shuffled order each epoch")
+    seed: int = _key("data.seed", "the prompt order's seed (null: embedded.seed)")
+    filter_overlong_prompts: bool = _key("data.filter_overlong_prompts",
+                                         "drop prompts longer than max_prompt_length instead of refusing them")
+    truncation: str = _key("data.truncation", "a prompt over max_prompt_length: error, left, right or middle")
+    apply_chat_template_kwargs: dict = _key("data.apply_chat_template_kwargs",
+                                            "extra keyword arguments of the tokenizer's apply_chat_template")
+
+    @classmethod
+    def from_config(cls, config: Mapping, settings: DapoSettings, seed: int) -> DataConfig:
+        truncation = _get(config, "data.truncation", "error")
+        if truncation not in ("error", "left", "right", "middle"):
+            raise ConfigError(f"data.truncation must be one of error, left, right, middle; got {truncation!r}")
+        data_seed = _get(config, "data.seed")
+        return cls(
+            train_files=_files(_get(config, "data.train_files")),
+            val_files=_files(_get(config, "data.val_files")),
+            train_max_samples=_max_samples(config, "data.train_max_samples"),
+            val_max_samples=_max_samples(config, "data.val_max_samples"),
+            prompt_key=str(_get(config, "data.prompt_key")),
+            reward_fn_key=str(_get(config, "data.reward_fn_key")),
+            max_prompt_length=settings.run.max_prompt_length,
+            max_response_length=settings.run.max_response_length,
+            train_batch_size=settings.sampling.train_batch_size,
+            gen_batch_size=settings.sampling.gen_batch_size,
+            val_batch_size=_get(config, "data.val_batch_size"),
+            shuffle=bool(_get(config, "data.shuffle")),
+            seed=seed if data_seed is None else check_int("data.seed", data_seed, minimum=0),
+            filter_overlong_prompts=bool(_get(config, "data.filter_overlong_prompts")),
+            truncation=truncation,
+            apply_chat_template_kwargs=_get(config, "data.apply_chat_template_kwargs", {}),
         )
-    if _get(cfg, f"{actor}.use_kl_loss", False) or _get(cfg, "algorithm.use_kl_in_reward", False):
-        raise ConfigError(
-            "the embedded engine has no reference model (DAPO drops the KL term); set "
-            f"{actor}.use_kl_loss=false and algorithm.use_kl_in_reward=false"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """``actor_rollout_ref.rollout.*``: how responses are sampled for training and for validation."""
+
+    n: int = _key(f"{ROLLOUT}.n", "responses per prompt (a group)", shared=True)
+    temperature: float = _key(f"{ROLLOUT}.temperature", "training sampling temperature", shared=True)
+    top_p: float = _key(f"{ROLLOUT}.top_p", "training nucleus sampling", shared=True)
+    top_k: int = _key(f"{ROLLOUT}.top_k", "training top-k (0: off; verl's -1 reads as 0)", shared=True)
+    val_n: int = _key(f"{ROLLOUT}.val_kwargs.n", "responses per validation prompt (mean@val_n)", shared=True)
+    val_temperature: float = _key(f"{ROLLOUT}.val_kwargs.temperature", "validation temperature", shared=True)
+    val_top_p: float = _key(f"{ROLLOUT}.val_kwargs.top_p", "validation nucleus sampling", shared=True)
+    val_top_k: int = _key(f"{ROLLOUT}.val_kwargs.top_k", "validation top-k (0: off; -1 reads as 0)")
+    val_do_sample: bool = _key(f"{ROLLOUT}.val_kwargs.do_sample", "sample validation responses (false: greedy)")
+    max_num_seqs: int = _key(f"{ROLLOUT}.max_num_seqs", "responses decoded at once (memory: the KV cache)")
+    log_prob_micro_batch_size: int = _key(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
+                                          "responses per forward when old log-probs are recomputed (null: the "
+                                          "actor's micro-batch)")
+
+    @classmethod
+    def from_config(cls, config: Mapping, run: RunSettings, actor_micro: int) -> RolloutConfig:
+        do_sample = bool(_get(config, f"{ROLLOUT}.val_kwargs.do_sample"))
+        if not do_sample and run.val_n != 1:
+            raise ConfigError(
+                f"greedy validation ({ROLLOUT}.val_kwargs.do_sample=false) gives the same response every time; "
+                f"set {ROLLOUT}.val_kwargs.n=1 (got {run.val_n}) or do_sample=true"
+            )
+        val_top_k = check_int(f"{ROLLOUT}.val_kwargs.top_k", _get(config, f"{ROLLOUT}.val_kwargs.top_k", -1),
+                              minimum=-1)
+        log_prob_micro = _get(config, f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", actor_micro)
+        return cls(
+            n=run.n, temperature=run.temperature, top_p=run.top_p, top_k=max(0, run.top_k), val_n=run.val_n,
+            val_temperature=run.val_temperature, val_top_p=run.val_top_p, val_top_k=max(0, val_top_k),
+            val_do_sample=do_sample,
+            max_num_seqs=_positive(f"{ROLLOUT}.max_num_seqs", _get(config, f"{ROLLOUT}.max_num_seqs")),
+            log_prob_micro_batch_size=_positive(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", log_prob_micro),
         )
 
-    settings = DapoSettings.from_config(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """``actor_rollout_ref.actor.*``: how the policy update batches the train batch, and its optimizer."""
+
+    ppo_mini_batch_size: int = _key(f"{ACTOR}.ppo_mini_batch_size", "prompts per optimizer step", shared=True)
+    ppo_micro_batch_size: int = _key(f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+                                     "responses per forward/backward (gradients accumulate; the loss is unchanged)")
+    ppo_epochs: int = _key(f"{ACTOR}.ppo_epochs", "passes over the train batch", shared=True)
+    grad_clip: float = _key(f"{ACTOR}.optim.clip_grad", "largest gradient norm an update keeps (optim.grad_clip, "
+                                                         "deprecated, overrides it when set)")
+    lr: float = _key(f"{ACTOR}.optim.lr", "AdamW learning rate", shared=True)
+    lr_warmup_steps: int = _key(f"{ACTOR}.optim.lr_warmup_steps", "linear warm-up steps (-1 or 0: none)")
+    weight_decay: float = _key(f"{ACTOR}.optim.weight_decay", "AdamW weight decay", shared=True)
+    betas: tuple[float, float] = _key(f"{ACTOR}.optim.betas", "AdamW betas", shared=True)
+    entropy_coeff: float = _key(f"{ACTOR}.entropy_coeff", "entropy bonus in the loss (DAPO: 0)")
+
+    @classmethod
+    def from_config(cls, config: Mapping, run: RunSettings) -> ActorConfig:
+        n, mini = run.n, run.ppo_mini_batch_size
+        micro = _positive(f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+                          _get(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu", mini * n))
+        if (mini * n) % micro:
+            raise ConfigError(
+                f"a mini-batch of {mini} prompts x {n} responses = {mini * n} responses is not divisible by "
+                f"{ACTOR}.ppo_micro_batch_size_per_gpu={micro} (it counts responses); choose one that divides "
+                f"{mini * n}, e.g. {divisor_near(mini * n, micro)}"
+            )
+        # verl's FSDP engine clips with optim.clip_grad (optim.grad_clip, deprecated and optional, overrides it)
+        key = f"{ACTOR}.optim.grad_clip" if select(config, f"{ACTOR}.optim.grad_clip") else f"{ACTOR}.optim.clip_grad"
+        grad_clip = check_float(key, select(config, key, required=True))
+        if grad_clip <= 0:
+            raise ConfigError(f"{key} must be > 0 (the largest gradient norm an update keeps), got {grad_clip!r}; "
+                              "the paper uses 1.0")
+        warmup = check_int(f"{ACTOR}.optim.lr_warmup_steps", _get(config, f"{ACTOR}.optim.lr_warmup_steps", -1),
+                           minimum=-1)
+        return cls(
+            ppo_mini_batch_size=mini, ppo_micro_batch_size=micro, ppo_epochs=run.ppo_epochs, grad_clip=grad_clip,
+            lr=run.lr, lr_warmup_steps=max(0, warmup), weight_decay=run.weight_decay, betas=run.betas,
+            entropy_coeff=check_float(f"{ACTOR}.entropy_coeff", _get(config, f"{ACTOR}.entropy_coeff", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``actor_rollout_ref.model.*``: the policy to load."""
+
+    path: str | None = _key(f"{MODEL}.path", "a local Hugging Face folder or hub id (null: the embedded tiny Qwen2, "
+                                             "warmed up)")
+    tokenizer_path: str | None = _key(f"{MODEL}.tokenizer_path", "the tokenizer's folder (null: model.path)")
+    custom_chat_template: str | None = _key(f"{MODEL}.custom_chat_template",
+                                            "a Jinja chat template replacing the tokenizer's")
+    trust_remote_code: bool = _key(f"{MODEL}.trust_remote_code", "run the model folder's own Python code")
+    gradient_checkpointing: bool = _key(f"{MODEL}.enable_gradient_checkpointing",
+                                        "recompute activations in the backward pass (less memory, slower)")
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> ModelConfig:
+        return cls(
+            path=_get(config, f"{MODEL}.path"),
+            tokenizer_path=_get(config, f"{MODEL}.tokenizer_path"),
+            custom_chat_template=_get(config, f"{MODEL}.custom_chat_template"),
+            trust_remote_code=bool(_get(config, f"{MODEL}.trust_remote_code")),
+            gradient_checkpointing=bool(_get(config, f"{MODEL}.enable_gradient_checkpointing")),
+        )
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """``algorithm.*``: the advantage and the behaviour policy's log-probs."""
+
+    norm_adv_by_std_in_grpo: bool = _key("algorithm.norm_adv_by_std_in_grpo",
+                                         "divide each group's advantages by its reward standard deviation")
+    bypass_mode: bool = _key("algorithm.rollout_correction.bypass_mode",
+                             "old log-probs from the sampling pass (true) or recomputed by the actor (false)")
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> AlgorithmConfig:
+        estimator = _get(config, "algorithm.adv_estimator")
+        if estimator != "grpo":
+            raise ConfigError(
+                f"algorithm.adv_estimator={estimator!r}: the embedded engine implements DAPO's group-relative "
+                "advantage only; set algorithm.adv_estimator=grpo"
+            )
+        if _get(config, f"{ACTOR}.use_kl_loss") or _get(config, "algorithm.use_kl_in_reward"):
+            raise ConfigError(
+                "the embedded engine has no reference model (DAPO drops the KL term); set "
+                f"{ACTOR}.use_kl_loss=false and algorithm.use_kl_in_reward=false"
+            )
+        return cls(
+            norm_adv_by_std_in_grpo=bool(_get(config, "algorithm.norm_adv_by_std_in_grpo")),
+            bypass_mode=bool(_get(config, "algorithm.rollout_correction.bypass_mode")),
+        )
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """``reward.custom_reward_function.*``: the scorer (``dapo.reward.compute_score`` unless set)."""
+
+    path: str | None = _key("reward.custom_reward_function.path", "a Python file with the scoring function "
+                                                                   "(null: dapo.reward.compute_score)")
+    name: str = _key("reward.custom_reward_function.name", "the function's name in that file")
+    kwargs: dict = _key("reward.custom_reward_function.reward_kwargs", "keyword arguments passed to every call")
+    timeout_s: float | None = _key("dapo.reward_timeout_s", "one call longer than this stops the run (null: no "
+                                                             "limit)")
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> RewardConfig:
+        timeout = _get(config, "dapo.reward_timeout_s")
+        if timeout is not None:
+            timeout = check_float("dapo.reward_timeout_s", timeout, hint=" (seconds; null: no limit)")
+            if timeout <= 0:
+                raise ConfigError(f"dapo.reward_timeout_s must be > 0 seconds (null: no limit), got {timeout!r}")
+        return cls(
+            path=_get(config, "reward.custom_reward_function.path"),
+            name=str(_get(config, "reward.custom_reward_function.name", "compute_score")),
+            # optional in verl too (its loader reads it with .get(..., {}))
+            kwargs=select(config, "reward.custom_reward_function.reward_kwargs", {}),
+            timeout_s=timeout,
+        )
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """``trainer.*``: how long, how often to validate and save, where, and what to log."""
+
+    total_training_steps: int | None = _key("trainer.total_training_steps", "steps (null: total_epochs)",
+                                            shared=True)
+    total_epochs: int = _key("trainer.total_epochs", "epochs over the train set when total_training_steps is null",
+                             shared=True)
+    test_freq: int = _key("trainer.test_freq", "steps between validations", shared=True)
+    save_freq: int = _key("trainer.save_freq", "steps between checkpoints", shared=True)
+    logger: tuple[str, ...] = _key("trainer.logger", "console, wandb (offline without credentials)")
+    project_name: str = _key("trainer.project_name", "the W&B project")
+    experiment_name: str = _key("trainer.experiment_name", "the W&B run name")
+    run_dir: str = _key("trainer.default_local_dir", "the run directory: metrics.jsonl, plots, checkpoints")
+    resume_mode: str = _key("trainer.resume_mode", "auto (the newest intact checkpoint of this run), disable or "
+                                                    "resume_path")
+    resume_from_path: str | None = _key("trainer.resume_from_path", "the checkpoint resume_mode=resume_path takes")
+    val_before_train: bool = _key("trainer.val_before_train", "validate the start model (skipped when resuming)")
+    val_only: bool = _key("trainer.val_only", "validate and stop")
+    max_ckpt_to_keep: int | None = _key("trainer.max_actor_ckpt_to_keep", "checkpoints kept (null: all)")
+
+    @classmethod
+    def from_config(cls, config: Mapping, run: RunSettings) -> TrainerConfig:
+        resume_mode = _get(config, "trainer.resume_mode")
+        if resume_mode not in ("auto", "disable", "resume_path"):
+            raise ConfigError(f"trainer.resume_mode must be auto, disable or resume_path; got {resume_mode!r}")
+        resume_from = _get(config, "trainer.resume_from_path")
+        if resume_mode == "resume_path" and not resume_from:
+            raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
+        logger = _get(config, "trainer.logger", [])
+        return cls(
+            total_training_steps=run.total_training_steps, total_epochs=run.total_epochs, test_freq=run.test_freq,
+            save_freq=run.save_freq,
+            logger=(logger,) if isinstance(logger, str) else tuple(logger),
+            project_name=str(_get(config, "trainer.project_name")),
+            experiment_name=str(_get(config, "trainer.experiment_name")),
+            run_dir=os.path.expanduser(str(_get(config, "trainer.default_local_dir"))),
+            resume_mode=resume_mode, resume_from_path=resume_from,
+            val_before_train=bool(_get(config, "trainer.val_before_train")),
+            val_only=bool(_get(config, "trainer.val_only")),
+            max_ckpt_to_keep=_get(config, "trainer.max_actor_ckpt_to_keep"),
+        )
+
+
+@dataclass(frozen=True)
+class EmbeddedConfig:
+    """``embedded.*``: the engine's own keys (``configs/embedded.yaml``)."""
+
+    seed: int = _key("embedded.seed", "seeds Python, NumPy and torch (and the prompt order unless data.seed)")
+    device: str = _key("embedded.device", "auto (CUDA when visible, else CPU), cpu, cuda or cuda:N")
+    dtype: str = _key("embedded.dtype", "auto, float32, float64 or bfloat16 (bf16 compute over fp32 weights, a bf16 "
+                                        "copy for sampling) or float16")
+    num_threads: int | None = _key("embedded.num_threads", "torch's CPU threads (null: torch's default)")
+    cache_dir: str = _key("embedded.cache_dir", "where the warmed-up tiny model and the synthetic task are cached")
+    task: dict = _key("embedded.task", "the synthetic task when data files are null (recipe/embedded/task.py)")
+    tiny_model: dict = _key("embedded.model", "the tiny Qwen2's shape when model.path is null")
+    warmup: dict = _key("embedded.warmup", "the tiny model's supervised warm-up")
+    progress_bar: bool = _key("embedded.progress_bar", "a progress bar on the terminal (off: one line per step)")
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> EmbeddedConfig:
+        num_threads = _get(config, "embedded.num_threads")
+        return cls(
+            seed=check_int("embedded.seed", _get(config, "embedded.seed"), minimum=0),
+            device=str(_get(config, "embedded.device")),
+            dtype=str(_get(config, "embedded.dtype")),
+            num_threads=None if num_threads is None else _positive("embedded.num_threads", num_threads),
+            cache_dir=os.path.expanduser(str(_get(config, "embedded.cache_dir"))),
+            task=_get(config, "embedded.task", {}),
+            tiny_model=_get(config, "embedded.model", {}),
+            warmup=_get(config, "embedded.warmup", {}),
+            progress_bar=bool(_get(config, "embedded.progress_bar")),
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the embedded engine reads, one typed section per part of the config."""
+
+    dapo: DapoSettings  # the loss, dynamic sampling, overlong filtering and shaping: shared with the verl engine
+    data: DataConfig
+    rollout: RolloutConfig
+    actor: ActorConfig
+    model: ModelConfig
+    algorithm: AlgorithmConfig
+    reward: RewardConfig
+    trainer: TrainerConfig
+    embedded: EmbeddedConfig
+
+
+SECTIONS = (DataConfig, RolloutConfig, ActorConfig, ModelConfig, AlgorithmConfig, RewardConfig, TrainerConfig,
+            EmbeddedConfig)  # in the order of the configuration reference
+
+
+def read_config(cfg: DictConfig | Mapping) -> EngineConfig:
+    """Build the engine's sections from the composed config; raise :class:`ConfigError` naming the key to fix."""
+    config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False) if isinstance(cfg, DictConfig) else cfg
+    algorithm = AlgorithmConfig.from_config(config)  # the refusals of what the engine lacks come first
+    settings = DapoSettings.from_config(config)
     run = settings.run  # rollout.n, sampling, lengths, optimizer, schedule: checked alike by both engines
-    n, mini = run.n, run.ppo_mini_batch_size
-    micro = _get(cfg, f"{actor}.ppo_micro_batch_size_per_gpu") or mini * n
-    micro = _positive(f"{actor}.ppo_micro_batch_size_per_gpu", micro)
-    if (mini * n) % micro:
-        raise ConfigError(
-            f"a mini-batch of {mini} prompts x {n} responses = {mini * n} responses is not divisible by "
-            f"{actor}.ppo_micro_batch_size_per_gpu={micro} (it counts responses); choose one that divides "
-            f"{mini * n}, e.g. {divisor_near(mini * n, micro)}"
-        )
-    log_prob_micro = _get(cfg, f"{rollout}.log_prob_micro_batch_size_per_gpu") or micro
-
-    for key in ("trainer.resume_mode",):
-        if _get(cfg, key) not in ("auto", "disable", "resume_path"):
-            raise ConfigError(f"{key} must be auto, disable or resume_path; got {_get(cfg, key)!r}")
-    if _get(cfg, "trainer.resume_mode") == "resume_path" and not _get(cfg, "trainer.resume_from_path"):
-        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
-    if _get(cfg, "data.truncation", "error") not in ("error", "left", "right", "middle"):
-        raise ConfigError(
-            f"data.truncation must be one of error, left, right, middle; got {_get(cfg, 'data.truncation')!r}"
-        )
-
-    logger = _get(cfg, "trainer.logger", ["console"]) or []
-    logger = (logger,) if isinstance(logger, str) else tuple(logger)
-    seed = check_int("embedded.seed", _get(cfg, "embedded.seed", 0), minimum=0)
-    data_seed = _get(cfg, "data.seed")
-    data_seed = seed if data_seed is None else check_int("data.seed", data_seed, minimum=0)
-    val_do_sample = bool(_get(cfg, f"{rollout}.val_kwargs.do_sample", True))
-    val_n = run.val_n
-    if not val_do_sample and val_n != 1:
-        raise ConfigError(
-            f"greedy validation ({rollout}.val_kwargs.do_sample=false) gives the same response every time; "
-            f"set {rollout}.val_kwargs.n=1 (got {val_n}) or do_sample=true"
-        )
-    device = str(_get(cfg, "embedded.device", "auto"))
-    num_threads = _get(cfg, "embedded.num_threads")
-
+    embedded = EmbeddedConfig.from_config(config)
+    actor = ActorConfig.from_config(config, run)
     return EngineConfig(
         dapo=settings,
-        train_files=_files(_get(cfg, "data.train_files")),
-        val_files=_files(_get(cfg, "data.val_files")),
-        train_max_samples=int(_get(cfg, "data.train_max_samples", -1) or -1),
-        val_max_samples=int(_get(cfg, "data.val_max_samples", -1) or -1),
-        prompt_key=_get(cfg, "data.prompt_key", "prompt"),
-        reward_fn_key=_get(cfg, "data.reward_fn_key", "data_source"),
-        max_prompt_length=run.max_prompt_length,
-        max_response_length=run.max_response_length,
-        val_batch_size=_get(cfg, "data.val_batch_size"),
-        shuffle=bool(_get(cfg, "data.shuffle", True)),
-        data_seed=data_seed,
-        filter_overlong_prompts=bool(_get(cfg, "data.filter_overlong_prompts", False)),
-        truncation=_get(cfg, "data.truncation", "error"),
-        apply_chat_template_kwargs=_get(cfg, "data.apply_chat_template_kwargs", {}) or {},
-        n=n,
-        temperature=run.temperature,
-        top_p=run.top_p,
-        top_k=max(0, run.top_k),
-        val_n=val_n,
-        val_temperature=run.val_temperature,
-        val_top_p=run.val_top_p,
-        val_top_k=max(0, check_int(f"{rollout}.val_kwargs.top_k", _get(cfg, f"{rollout}.val_kwargs.top_k", -1),
-                                   minimum=-1)),
-        val_do_sample=val_do_sample,
-        max_num_seqs=_positive(f"{rollout}.max_num_seqs", _get(cfg, f"{rollout}.max_num_seqs", 1024)),
-        log_prob_micro_batch_size=_positive(f"{rollout}.log_prob_micro_batch_size_per_gpu", log_prob_micro),
-        bypass_mode=bool(_get(cfg, "algorithm.rollout_correction.bypass_mode", False)),
-        ppo_mini_batch_size=mini,
-        ppo_micro_batch_size=micro,
-        ppo_epochs=run.ppo_epochs,
-        # verl's FSDP engine clips with optim.clip_grad (optim.grad_clip, deprecated, overrides it when set)
-        grad_clip=_grad_clip(cfg, actor),
-        lr=run.lr,
-        lr_warmup_steps=max(0, check_int(f"{actor}.optim.lr_warmup_steps",
-                                         _get(cfg, f"{actor}.optim.lr_warmup_steps", -1) or 0, minimum=-1)),
-        weight_decay=run.weight_decay,
-        betas=run.betas,
-        entropy_coeff=check_float(f"{actor}.entropy_coeff", _get(cfg, f"{actor}.entropy_coeff", 0.0) or 0.0),
-        model_path=_get(cfg, "actor_rollout_ref.model.path"),
-        tokenizer_path=_get(cfg, "actor_rollout_ref.model.tokenizer_path"),
-        custom_chat_template=_get(cfg, "actor_rollout_ref.model.custom_chat_template"),
-        trust_remote_code=bool(_get(cfg, "actor_rollout_ref.model.trust_remote_code", False)),
-        gradient_checkpointing=bool(_get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing", False)),
-        norm_adv_by_std_in_grpo=bool(_get(cfg, "algorithm.norm_adv_by_std_in_grpo", True)),
-        reward_path=_get(cfg, "reward.custom_reward_function.path"),
-        reward_name=_get(cfg, "reward.custom_reward_function.name", "compute_score") or "compute_score",
-        reward_kwargs=_get(cfg, "reward.custom_reward_function.reward_kwargs", {}) or {},
-        reward_timeout_s=_reward_timeout(cfg),
-        total_training_steps=run.total_training_steps,
-        total_epochs=run.total_epochs,
-        test_freq=run.test_freq,
-        save_freq=run.save_freq,
-        logger=logger,
-        project_name=str(_get(cfg, "trainer.project_name", "dapo")),
-        experiment_name=str(_get(cfg, "trainer.experiment_name", "embedded")),
-        run_dir=os.path.expanduser(str(_get(cfg, "trainer.default_local_dir"))),
-        resume_mode=_get(cfg, "trainer.resume_mode"),
-        resume_from_path=_get(cfg, "trainer.resume_from_path"),
-        val_before_train=bool(_get(cfg, "trainer.val_before_train", True)),
-        val_only=bool(_get(cfg, "trainer.val_only", False)),
-        max_ckpt_to_keep=_get(cfg, "trainer.max_actor_ckpt_to_keep"),
-        seed=seed,
-        device=device,
-        dtype=str(_get(cfg, "embedded.dtype", "auto")),
-        num_threads=None if num_threads is None else _positive("embedded.num_threads", num_threads),
-        cache_dir=os.path.expanduser(str(_get(cfg, "embedded.cache_dir", "~/.cache/dapo-verl"))),
-        task=_get(cfg, "embedded.task", {}) or {},
-        tiny_model=_get(cfg, "embedded.model", {}) or {},
-        warmup=_get(cfg, "embedded.warmup", {}) or {},
-        progress_bar=bool(_get(cfg, "embedded.progress_bar", True)),
+        data=DataConfig.from_config(config, settings, embedded.seed),
+        rollout=RolloutConfig.from_config(config, run, actor.ppo_micro_batch_size),
+        actor=actor,
+        model=ModelConfig.from_config(config),
+        algorithm=algorithm,
+        reward=RewardConfig.from_config(config),
+        trainer=TrainerConfig.from_config(config, run),
+        embedded=embedded,
     )
 
 
@@ -264,7 +413,7 @@ IGNORED_VERL_KEYS = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "one process",
     "actor_rollout_ref.actor.fsdp_config.param_offload": "no FSDP",
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "no FSDP",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "its own decode loop, one device",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "its own decode loop (recipe.embedded.decode), one device",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "no vLLM",
     "actor_rollout_ref.rollout.enforce_eager": "no vLLM",
     "data.dataloader_num_workers": "prompts are read in the training process",
@@ -273,34 +422,18 @@ IGNORED_VERL_KEYS = {
 }
 
 
-def ignored_verl_keys(cfg: DictConfig) -> list[str]:
+def ignored_verl_keys(cfg: DictConfig | Mapping) -> list[str]:
     """``key=value (default D: why)`` for each of :data:`IGNORED_VERL_KEYS` set to something else than verl
     0.9.1's default, so that the engine can say it does not act on it instead of ignoring it silently."""
     import verl
 
-    defaults = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False) if isinstance(cfg, DictConfig) else cfg
+    defaults = OmegaConf.to_container(
+        OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    )
     out = []
     for key, why in IGNORED_VERL_KEYS.items():
-        value, default = _get(cfg, key), OmegaConf.select(defaults, key, default=None)
+        value, default = select(config, key), select(defaults, key)
         if value != default:
             out.append(f"{key}={value} (verl's default {default}; {why})")
     return out
-
-
-def _reward_timeout(cfg: DictConfig) -> float | None:
-    value = _get(cfg, "dapo.reward_timeout_s")
-    if value is None:
-        return None
-    value = check_float("dapo.reward_timeout_s", value, hint=" (seconds; null: no limit)")
-    if value <= 0:
-        raise ConfigError(f"dapo.reward_timeout_s must be > 0 seconds (null: no limit), got {value!r}")
-    return value
-
-
-def _grad_clip(cfg: DictConfig, actor: str) -> float:
-    key = f"{actor}.optim.grad_clip" if _get(cfg, f"{actor}.optim.grad_clip") else f"{actor}.optim.clip_grad"
-    value = check_float(key, _get(cfg, key, 1.0))
-    if value <= 0:
-        raise ConfigError(f"{key} must be > 0 (the largest gradient norm an update keeps), got {value!r}; the paper "
-                          "uses 1.0")
-    return value

@@ -39,10 +39,10 @@ def _link(target: Path, link: Path) -> None:
 def prepare(overrides: list[str] | None = None, log=print) -> Path:
     """Build (or reuse) the warm-up and the task; return ``<cache_dir>/verl-cpu`` with its four links."""
     c = read_config(compose(list(overrides or []), "embedded"))
-    torch.set_num_threads(max(1, int(c.num_threads or 1)))
-    model_dir = warm_model(c.cache_dir, c.task, c.tiny_model, c.warmup, device=torch.device("cpu"), log=log)
-    task_dir = task_files(c.cache_dir, c.task)
-    out = Path(c.cache_dir) / ASSETS
+    torch.set_num_threads(max(1, int(c.embedded.num_threads or 1)))
+    model_dir = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu"), log=log)
+    task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
+    out = Path(c.embedded.cache_dir) / ASSETS
     out.mkdir(parents=True, exist_ok=True)
     _link(model_dir, out / "model")
     _link(task_dir / "tokenizer", out / "tokenizer")
