@@ -300,7 +300,7 @@ class Evaluator:
         params = SamplingParams(c.val_do_sample, c.val_temperature, c.val_top_p, c.val_top_k)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            ids, mask, _ = sample(  # generate's distribution, faster (tests/test_embedded_decode.py)
+            ids, mask, _ = sample(  # generate's distribution, faster (tests/embedded/test_decode.py)
                 model, self.val.prompt_ids, n=c.val_n, params=params, max_new_tokens=c.max_response_length,
                 eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.max_num_seqs,
             )  # [V*k, T]
