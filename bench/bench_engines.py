@@ -44,7 +44,7 @@ VAL_KEY_VERL = "val-core/synthetic_addition/acc/mean@2"  # the tiny task's valid
 
 
 def shared_overrides(steps: int, real_model: bool = False) -> list[str]:
-    if real_model:  # everything else is the two real-model configs' (tests/test_contract.py: the same settings)
+    if real_model:  # everything else is the two real-model configs' (tests/project/test_contract.py: the same settings)
         return [f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}", "trainer.val_before_train=true",
                 "trainer.save_freq=-1", "trainer.resume_mode=disable", "data.val_max_samples=64"]
     return [

@@ -299,7 +299,7 @@ class Evaluator:
         params = SamplingParams(c.rollout.val_do_sample, c.rollout.val_temperature, c.rollout.val_top_p, c.rollout.val_top_k)
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            ids, mask, _ = sample(  # generate's distribution, faster (tests/test_embedded_decode.py)
+            ids, mask, _ = sample(  # generate's distribution, faster (tests/embedded/test_decode.py)
                 model, self.val.prompt_ids, n=c.rollout.val_n, params=params, max_new_tokens=c.data.max_response_length,
                 eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.rollout.max_num_seqs,
             )  # [V*k, T]

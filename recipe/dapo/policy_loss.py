@@ -10,7 +10,7 @@ dispatches on. How the table maps onto verl's registry: a name verl does not reg
 as an adapter that reads the actor config into :class:`dapo.settings.LossSettings` (the same reader the embedded
 engine uses) and calls the table's function. A name verl registers itself (``vanilla``, ``gspo``) keeps verl's
 function: replacing an upstream entry would change verl for every recipe in the process, and
-``tests/test_loss_modes.py`` checks that verl's ``vanilla`` and ``gspo`` equal the table's on random inputs, so
+``tests/dapo/test_loss_modes.py`` checks that verl's ``vanilla`` and ``gspo`` equal the table's on random inputs, so
 ``loss_mode=vanilla`` or ``gspo`` trains the same loss on both engines either way.
 
 Overlong filtering is not applied here: the loss sees only the mask, and the mini-batch token count is fixed

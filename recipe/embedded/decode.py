@@ -20,7 +20,7 @@ from the softmax by inverse transform sampling (:func:`draw`: ``multinomial``'s 
 instead of one exponential per vocabulary entry). A row that ends leaves the batch and the KV cache at once
 (``Cache.reorder_cache``), so a long-tailed batch spends its compute on the rows still writing; the loop stops when
 every row has ended. Greedy decoding gives ``generate``'s tokens; sampling draws from the same distribution with
-another RNG stream (tests/test_embedded_decode.py: greedy against ``generate``, sampled against a loop without a
+another RNG stream (tests/embedded/test_decode.py: greedy against ``generate``, sampled against a loop without a
 cache drawing the same uniforms, and :func:`draw`'s frequencies).
 
 The model is any Hugging Face causal LM that takes ``past_key_values`` (a ``DynamicCache``), ``position_ids`` and

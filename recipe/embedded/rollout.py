@@ -1,7 +1,7 @@
 """The reference rollout: Hugging Face ``generate`` and the policy's per-token log-probabilities.
 
 The engine samples with its own decode loop (:func:`recipe.embedded.decode.sample`); :func:`generate` survives as
-the reference the tests hold its greedy tokens to (``tests/test_embedded_decode.py``; sampled ones are held to a loop
+the reference the tests hold its greedy tokens to (``tests/embedded/test_decode.py``; sampled ones are held to a loop
 without a cache drawing the same uniforms) and the HF path ``bench.bench_step`` times, and
 :func:`sequence_log_probs` as the full-forward reference of the shared-prompt update.
 

@@ -76,7 +76,7 @@ class StaleSyncWorkerExtension(CPUWorkerExtension):
     """A deliberately broken sync, for checking the check: applies the first weight sync (the one that replaces
     vLLM's dummy start-up weights) and receives but discards every later one, so the rollout keeps generating
     with the initial policy while the actor trains. ``dapo/weight_sync/*`` must then show the policy's change
-    (tests/test_verl_cpu.py). Never use it to train."""
+    (tests/verl/test_cpu.py). Never use it to train."""
 
     def update_weights_from_ipc(self, *args, **kwargs):
         self._dapo_syncs_seen = getattr(self, "_dapo_syncs_seen", 0) + 1

@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import EPS64
 from dapo import loss as dapo_loss
 from recipe import cli
 from recipe.embedded.monitor import read_metrics
+from tests.conftest import EPS64
 
 pytestmark = pytest.mark.numerics
 

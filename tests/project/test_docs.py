@@ -1,13 +1,13 @@
 """The README is the front door: it opens with the two commands, CI runs its test command, it stays short, and its
 links reach the docs pages; every DAPO knob has its line in the docs (metrics: the generated reference,
-``tests/test_docs_site.py``)."""
+``tests/project/test_docs_site.py``)."""
 
 import re
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

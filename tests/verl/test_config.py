@@ -17,7 +17,7 @@ from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: 
 from recipe.dapo.main_dapo import check_dapo_config  # noqa: E402
 from recipe.dapo.sampler import DynamicSamplingSettings  # noqa: E402
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
 

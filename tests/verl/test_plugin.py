@@ -1,7 +1,7 @@
 """The plugin registers DAPO in a fresh Python process started as a Ray worker is: by environment only.
 
 A worker process runs ``import verl`` and nothing of ours; verl then loads ``recipe.dapo.plugin`` through the
-``verl.plugins`` entry point (pyproject.toml) or ``VERL_USE_EXTERNAL_MODULES`` (tests/test_verl_ray.py checks that
+``verl.plugins`` entry point (pyproject.toml) or ``VERL_USE_EXTERNAL_MODULES`` (tests/verl/test_ray.py checks that
 one inside a real Ray worker). The processes run from an empty directory, so only the installation can supply
 the package.
 """

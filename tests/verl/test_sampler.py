@@ -1,5 +1,5 @@
 """The DAPO sampler's pure parts: reading ``[B, G]`` accuracies off verl's trajectory keys, and its settings.
-(Its rounds against verl's TransferQueue are in tests/test_verl_ray.py.)"""
+(Its rounds against verl's TransferQueue are in tests/verl/test_ray.py.)"""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from recipe.embedded.checkpoint import TRACKER, damage
 from recipe.embedded.monitor import read_metrics
 from recipe.embedded.task import AdditionTask
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from conftest import EPS32, EPS64, reorder_bound
 from dapo.advantage import token_advantages
 from dapo.loss import policy_loss
 from dapo.shaping import overlong_penalty
+from tests.conftest import EPS32, EPS64, reorder_bound
 
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 

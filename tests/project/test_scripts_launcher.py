@@ -22,7 +22,7 @@ from verl.utils.config import validate_config  # noqa: E402
 
 from recipe.dapo.main_dapo import check_dapo_config  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODULE = "recipe.dapo.main_dapo"
 
 

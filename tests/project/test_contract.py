@@ -35,7 +35,7 @@ from recipe.dapo.policy_loss import loss_settings  # noqa: E402
 from recipe.dapo.reward_manager import DAPOPaperRewardManager  # noqa: E402
 from recipe.dapo.sampler import DynamicSamplingSettings  # noqa: E402
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from dapo import reward
 from dapo.reward import INVALID, compute_score, normalize_final_answer
 
-AIME_PARQUET = Path(__file__).resolve().parents[2] / "shared" / "data" / "aime-2024.parquet"
+AIME_PARQUET = Path(__file__).resolve().parents[3] / "shared" / "data" / "aime-2024.parquet"
 
 
 @pytest.fixture(scope="module")
@@ -321,7 +321,7 @@ def test_unimplemented_verl_knobs_fail_loudly(knob):
 def test_module_imports_only_the_standard_library():
     code = ("import sys, dapo.reward; bad = {'verl', 'ray', 'math_verify', 'sympy', 'torch'} & set(sys.modules); "
             "assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 # ------------------------------------------------------------------------------------------------

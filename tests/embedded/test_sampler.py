@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from recipe.embedded.policy import Policy, low_precision_copy
-from test_embedded_decode import EOS, PAD, qwen2
+from tests.embedded.test_decode import EOS, PAD, qwen2
 
 
 def _policy(autocast_dtype) -> Policy:

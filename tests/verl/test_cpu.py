@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VERL_PY = REPO / ".venv-verl-cpu" / "bin" / "python"
 # A run takes about 3 minutes on 2 quiet cores (the first one also builds the tiny model's warm-up); on cores
 # shared with other jobs the first one measured over 900 s, so the limit catches a hang, not a slow machine.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AIME = REPO.parent / "shared" / "data" / "aime-2024.parquet"
 SCRIPT = REPO / "scripts" / "prepare_data.py"
 

@@ -23,10 +23,10 @@ from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 import recipe.dapo.policy_loss  # noqa: E402,F401  registers "dapo" (the plugin does this in verl's workers)
-from conftest import EPS32, EPS64, reorder_bound  # noqa: E402
 from dapo.loss import overlong_filter_mask, policy_loss  # noqa: E402
+from tests.conftest import EPS32, EPS64, reorder_bound  # noqa: E402
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 

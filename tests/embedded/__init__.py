@@ -1,0 +1,1 @@
+"""Tests of ``recipe/embedded``, the embedded engine."""

@@ -1,0 +1,1 @@
+"""Tests of ``recipe/dapo``, the verl engine."""
