@@ -1,6 +1,6 @@
 # Two entry points, both self-installing into .venv:
 #   make train [ARGS="key=value ..."]   set up and run the main job (dapo-train)
-#   make test                           set up, lint (ruff) and run the tests (what CI runs; sets up .venv-verl-cpu too)
+#   make test                           set up, format check and lint (ruff), run the tests (what CI runs; sets up .venv-verl-cpu too)
 #   make verl-cpu [ARGS="key=value ..."] the verl engine on a CPU (configs/experiment/cpu_tiny.yaml), own venv
 #   make model                          the real model (SmolLM2-135M-Instruct) and its word problems, cached
 #   make train-smollm2 / make verl-cpu-smollm2 [ARGS=...]   DAPO on that model, embedded engine / verl engine
@@ -33,6 +33,7 @@ train: setup
 	@$(VENV)/bin/dapo-train $(ARGS)
 
 test: setup verl-cpu-setup
+	$(PY) -m ruff format --check dapo recipe bench scripts tests hydra_plugins docs
 	$(PY) -m ruff check dapo recipe bench scripts tests hydra_plugins docs
 	DAPO_REQUIRE_VERL_CPU=1 $(PY) -m pytest -q $(ARGS)
 

@@ -98,14 +98,30 @@ TECHNIQUES = (  # (row name, the override that switches the technique on), in th
 # change is a list of overrides here; --device cuda picks "cuda" (unless --quick) and adds embedded.device=cuda.
 PRESETS = {
     "default": {"seeds": 5, "jobs": os.cpu_count() or 1, "overrides": []},
-    "quick": {"seeds": 2, "jobs": os.cpu_count() or 1,
-              "overrides": ["trainer.total_training_steps=8", "trainer.test_freq=4", "trainer.save_freq=4",
-                            "data.val_max_samples=64"]},
+    "quick": {
+        "seeds": 2,
+        "jobs": os.cpu_count() or 1,
+        "overrides": [
+            "trainer.total_training_steps=8",
+            "trainer.test_freq=4",
+            "trainer.save_freq=4",
+            "data.val_max_samples=64",
+        ],
+    },
     # a lent GPU: a larger model and batch, more steps; several runs share the device
-    "cuda": {"seeds": 5, "jobs": 6,
-             "overrides": ["embedded.num_threads=2", "embedded.model.hidden_size=256",
-                           "embedded.model.intermediate_size=1024", "embedded.model.num_hidden_layers=6",
-                           "data.train_batch_size=32", "data.gen_batch_size=48", "trainer.total_training_steps=80"]},
+    "cuda": {
+        "seeds": 5,
+        "jobs": 6,
+        "overrides": [
+            "embedded.num_threads=2",
+            "embedded.model.hidden_size=256",
+            "embedded.model.intermediate_size=1024",
+            "embedded.model.num_hidden_layers=6",
+            "data.train_batch_size=32",
+            "data.gen_batch_size=48",
+            "trainer.total_training_steps=80",
+        ],
+    },
 }
 DEVICE_KEY = "embedded.device"  # the embedded engine's device knob (verl's trainer.device is unused by it)
 MIN_VERDICT_SEEDS = 3  # fewer paired seeds give no verdict: with 2, two equal differences (validation accuracy
@@ -128,16 +144,26 @@ MECHANISMS = {
 # The paper's figures: (title, the two rows compared, panels); a panel is a curve name of CURVES, or
 # "accuracy_vs_responses" (Fig. 6 against generated responses instead of steps).
 PAPER_FIGURES = {
-    "fig2b_clip_higher.png": ("Fig. 2b: entropy with vs without Clip-Higher",
-                              ("+ overlong filtering", "+ clip-higher"), ("entropy",)),
-    "fig4_token_level_loss.png": ("Fig. 4: sample- vs token-level loss",
-                                  ("+ soft overlong punishment", "+ token-level loss"),
-                                  ("response_length", "entropy", "repetition")),
-    "fig5_overlong_filtering.png": ("Fig. 5: with vs without overlong filtering",
-                                    ("naive GRPO", "+ overlong filtering"), ("accuracy", "entropy")),
-    "fig6_dynamic_sampling.png": ("Fig. 6: with vs without dynamic sampling",
-                                  ("+ token-level loss", "+ dynamic sampling (DAPO)"),
-                                  ("accuracy", "accuracy_vs_responses")),
+    "fig2b_clip_higher.png": (
+        "Fig. 2b: entropy with vs without Clip-Higher",
+        ("+ overlong filtering", "+ clip-higher"),
+        ("entropy",),
+    ),
+    "fig4_token_level_loss.png": (
+        "Fig. 4: sample- vs token-level loss",
+        ("+ soft overlong punishment", "+ token-level loss"),
+        ("response_length", "entropy", "repetition"),
+    ),
+    "fig5_overlong_filtering.png": (
+        "Fig. 5: with vs without overlong filtering",
+        ("naive GRPO", "+ overlong filtering"),
+        ("accuracy", "entropy"),
+    ),
+    "fig6_dynamic_sampling.png": (
+        "Fig. 6: with vs without dynamic sampling",
+        ("+ token-level loss", "+ dynamic sampling (DAPO)"),
+        ("accuracy", "accuracy_vs_responses"),
+    ),
 }
 TARGET_FRACTION = 0.8  # default target: start + 0.8 x the best row's mean gain
 TAIL_STEPS = 5  # final entropy / length: mean over this many last steps
@@ -193,7 +219,13 @@ def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> Non
     if c.model.path is None:
         torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
         cuda = c.embedded.device == "cuda" or (c.embedded.device == "auto" and torch.cuda.is_available())
-        warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cuda" if cuda else "cpu"))
+        warm_model(
+            c.embedded.cache_dir,
+            c.embedded.task,
+            c.embedded.tiny_model,
+            c.embedded.warmup,
+            device=torch.device("cuda" if cuda else "cpu"),
+        )
     elif c.data.train_files is None or c.data.val_files is None:
         task_files(c.embedded.cache_dir, c.embedded.task)
 
@@ -202,8 +234,9 @@ def _finished(run_dir: Path) -> bool:
     return (run_dir / "ablation_done.json").is_file()
 
 
-def run_one(name: str, overrides: list[str], run_dir: Path,
-            config_name: str = CONFIG_NAME) -> tuple[str, Path, int, float]:
+def run_one(
+    name: str, overrides: list[str], run_dir: Path, config_name: str = CONFIG_NAME
+) -> tuple[str, Path, int, float]:
     """One ``dapo-train`` run in its own process, its output in ``run_dir/log.txt``; (name, dir, rc, seconds)."""
     start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -211,7 +244,9 @@ def run_one(name: str, overrides: list[str], run_dir: Path,
     with open(run_dir / "log.txt", "a") as log:
         rc = subprocess.run(
             [sys.executable, "-m", "recipe.cli", "--config-name", config_name, *overrides],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
         ).returncode
     seconds = time.perf_counter() - start
     if rc == 0:
@@ -219,23 +254,27 @@ def run_one(name: str, overrides: list[str], run_dir: Path,
     return name, run_dir, rc, seconds
 
 
-def run_all(plan: list[tuple[str, int, list[str], Path]], jobs: int,
-            config_name: str = CONFIG_NAME) -> list[str]:
+def run_all(plan: list[tuple[str, int, list[str], Path]], jobs: int, config_name: str = CONFIG_NAME) -> list[str]:
     """Run every unfinished (row, seed) of ``plan``, ``jobs`` at a time; return the failures' descriptions."""
     todo = [p for p in plan if not _finished(p[3])]
     if len(todo) < len(plan):
         print(f"reusing {len(plan) - len(todo)} finished run(s) under {plan[0][3].parents[1]}")
     failures, start = [], time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_one, f"{name} / seed {seed}", overrides, run_dir, config_name)
-                   for name, seed, overrides, run_dir in todo]
+        futures = [
+            pool.submit(run_one, f"{name} / seed {seed}", overrides, run_dir, config_name)
+            for name, seed, overrides, run_dir in todo
+        ]
         for done, future in enumerate(as_completed(futures), 1):
             name, run_dir, rc, seconds = future.result()
             status = "ok" if rc == 0 else f"FAILED (exit {rc}; see {run_dir / 'log.txt'})"
             final = _final_val(run_dir)
             acc = f", val acc {final:.3f}" if final is not None else ""
-            print(f"[{done}/{len(todo)}] {name}: {status} in {seconds:.0f} s{acc}  "
-                  f"(elapsed {time.perf_counter() - start:.0f} s)", flush=True)
+            print(
+                f"[{done}/{len(todo)}] {name}: {status} in {seconds:.0f} s{acc}  "
+                f"(elapsed {time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
             if rc != 0:
                 tail = (run_dir / "log.txt").read_text().strip().splitlines()[-5:]
                 failures.append(f"{name}: exit {rc}\n    " + "\n    ".join(tail))
@@ -307,8 +346,12 @@ def _mean_curve(seeds: list[list[dict]], curve) -> dict[str, list[float]]:
     curves = [dict(curve(r)) for r in seeds]
     steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
     values = [[c[s] for c in curves] for s in steps]  # [steps][seeds]
-    return {"steps": steps, "mean": [statistics.fmean(v) for v in values],
-            "min": [min(v) for v in values], "max": [max(v) for v in values]}
+    return {
+        "steps": steps,
+        "mean": [statistics.fmean(v) for v in values],
+        "min": [min(v) for v in values],
+        "max": [max(v) for v in values],
+    }
 
 
 def _drawdown(curve: list[tuple[int, float]]) -> float:
@@ -327,9 +370,21 @@ def summarise(results: dict[str, list[list[dict]]], target: float | None, train_
         target = start_acc + TARGET_FRACTION * (best - start_acc)
     out_rows = []
     for (name, seeds), paper in zip(results.items(), PAPER_AIME):
-        per_seed = {k: [] for k in ("val_acc", "steps_to_target", "steps_to_target_censored", "responses_to_target",
-                                    "final_entropy", "final_response_length", "final_repeat", "truncated_frac",
-                                    "acc_drawdown", "generated_responses")}
+        per_seed = {
+            k: []
+            for k in (
+                "val_acc",
+                "steps_to_target",
+                "steps_to_target_censored",
+                "responses_to_target",
+                "final_entropy",
+                "final_response_length",
+                "final_repeat",
+                "truncated_frac",
+                "acc_drawdown",
+                "generated_responses",
+            )
+        }
         for records in seeds:
             train = _train_records(records)
             last_step = max((r["step"] for r in train), default=0)
@@ -338,40 +393,53 @@ def summarise(results: dict[str, list[list[dict]]], target: float | None, train_
             # never reaching counts as one step past the budget: a lower bound of the true steps
             per_seed["steps_to_target_censored"].append(last_step + 1 if hit is None else hit)
             per_seed["responses_to_target"].append(
-                math.inf if hit is None else sum(_generated(r, train_batch_size, n) for r in train if r["step"] <= hit))
+                math.inf if hit is None else sum(_generated(r, train_batch_size, n) for r in train if r["step"] <= hit)
+            )
             tail = train[-TAIL_STEPS:]
             per_seed["final_entropy"].append(_fmean(r["actor/entropy"] for r in tail))
             per_seed["final_response_length"].append(_fmean(r["response_length/mean"] for r in tail))
-            per_seed["final_repeat"].append(_fmean(r["response/repeat_ngram_frac"] for r in tail
-                                                   if "response/repeat_ngram_frac" in r))
+            per_seed["final_repeat"].append(
+                _fmean(r["response/repeat_ngram_frac"] for r in tail if "response/repeat_ngram_frac" in r)
+            )
             per_seed["truncated_frac"].append(_fmean(r.get("dapo/overlong_frac", 0.0) for r in train))
             per_seed["acc_drawdown"].append(_drawdown(_val_curve(records)))
             per_seed["generated_responses"].append(sum(_generated(r, train_batch_size, n) for r in train))
         accs = finals[name]
         per_seed["val_acc"] = accs
         steps_to = per_seed["steps_to_target"]
-        out_rows.append({
-            "name": name,
-            "val_acc_mean": statistics.fmean(accs),
-            "val_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-            "val_acc_per_seed": accs,
-            "final_entropy": _fmean(per_seed["final_entropy"]),
-            "steps_to_target": _median_or_none(steps_to),
-            "seeds_reaching_target": sum(not math.isinf(s) for s in steps_to),
-            "responses_to_target": _median_or_none(per_seed["responses_to_target"]),
-            "final_response_length": _fmean(per_seed["final_response_length"]),
-            "final_repeat": _fmean(per_seed["final_repeat"]),
-            "truncated_frac": _fmean(per_seed["truncated_frac"]),
-            "acc_drawdown": _fmean(per_seed["acc_drawdown"]),
-            "generated_responses": _fmean(per_seed["generated_responses"]),
-            "paper_aime_avg32": paper,
-            "per_seed": {k: [None if math.isinf(v) else v for v in vs] for k, vs in per_seed.items()},
-            "curves": {k: _mean_curve(seeds, curve) for k, (_, curve) in CURVES.items()},
-        })
+        out_rows.append(
+            {
+                "name": name,
+                "val_acc_mean": statistics.fmean(accs),
+                "val_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                "val_acc_per_seed": accs,
+                "final_entropy": _fmean(per_seed["final_entropy"]),
+                "steps_to_target": _median_or_none(steps_to),
+                "seeds_reaching_target": sum(not math.isinf(s) for s in steps_to),
+                "responses_to_target": _median_or_none(per_seed["responses_to_target"]),
+                "final_response_length": _fmean(per_seed["final_response_length"]),
+                "final_repeat": _fmean(per_seed["final_repeat"]),
+                "truncated_frac": _fmean(per_seed["truncated_frac"]),
+                "acc_drawdown": _fmean(per_seed["acc_drawdown"]),
+                "generated_responses": _fmean(per_seed["generated_responses"]),
+                "paper_aime_avg32": paper,
+                "per_seed": {k: [None if math.isinf(v) else v for v in vs] for k, vs in per_seed.items()},
+                "curves": {k: _mean_curve(seeds, curve) for k, (_, curve) in CURVES.items()},
+            }
+        )
     for before, after in zip(out_rows, out_rows[1:]):
-        after["vs_previous"] = {key: paired_interval(after["per_seed"][key], before["per_seed"][key])
-                                for key in ("val_acc", "final_entropy", "final_response_length", "final_repeat",
-                                            "truncated_frac", "acc_drawdown", "steps_to_target_censored")}
+        after["vs_previous"] = {
+            key: paired_interval(after["per_seed"][key], before["per_seed"][key])
+            for key in (
+                "val_acc",
+                "final_entropy",
+                "final_response_length",
+                "final_repeat",
+                "truncated_frac",
+                "acc_drawdown",
+                "steps_to_target_censored",
+            )
+        }
     return {"target": target, "start_acc": start_acc, "rows": out_rows}
 
 
@@ -379,9 +447,33 @@ def summarise(results: dict[str, list[list[dict]]], target: float | None, train_
 
 # Student's t quantile t_{0.975, df}, for when scipy is not installed (df beyond the table: the next lower entry, a
 # slightly wider interval). Values from any t table; tests check them against scipy where it is installed.
-T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622,
-         10: 2.2281, 11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448, 15: 2.1314, 16: 2.1199, 17: 2.1098,
-         18: 2.1009, 19: 2.0930, 20: 2.0860, 25: 2.0595, 30: 2.0423, 40: 2.0211, 60: 2.0003, 120: 1.9799}
+T_975 = {
+    1: 12.7062,
+    2: 4.3027,
+    3: 3.1824,
+    4: 2.7764,
+    5: 2.5706,
+    6: 2.4469,
+    7: 2.3646,
+    8: 2.3060,
+    9: 2.2622,
+    10: 2.2281,
+    11: 2.2010,
+    12: 2.1788,
+    13: 2.1604,
+    14: 2.1448,
+    15: 2.1314,
+    16: 2.1199,
+    17: 2.1098,
+    18: 2.1009,
+    19: 2.0930,
+    20: 2.0860,
+    25: 2.0595,
+    30: 2.0423,
+    40: 2.0211,
+    60: 2.0003,
+    120: 1.9799,
+}
 
 
 def t_quantile_975(df: int) -> float:
@@ -397,8 +489,11 @@ def paired_interval(after: list[float | None], before: list[float | None]) -> di
     """Mean of the per-seed differences ``after - before`` and its 95% t-interval over seeds:
     mean ± t_{0.975, S-1} x sd / sqrt(S). Seeds missing from either side (None, NaN) are left out; with fewer than
     two seeds left the interval is undefined (None)."""
-    diffs = [a - b for a, b in zip(after, before)
-             if a is not None and b is not None and not math.isnan(a) and not math.isnan(b)]
+    diffs = [
+        a - b
+        for a, b in zip(after, before)
+        if a is not None and b is not None and not math.isnan(a) and not math.isnan(b)
+    ]
     if not diffs:
         return {"mean": None, "low": None, "high": None, "seeds": 0}
     mean = statistics.fmean(diffs)
@@ -439,14 +534,34 @@ def verdicts(figures: dict) -> list[dict]:
     for row in figures["rows"][1:]:
         paired = row["vs_previous"]
         checks = [ACCURACY_CHECK, *MECHANISMS.get(row["name"], [])]
-        results = [{"key": key, "what": what, "why": why, "sign": sign, "interval": paired[key],
-                    "result": direction(paired[key], sign)} for key, sign, what, why in checks]
+        results = [
+            {
+                "key": key,
+                "what": what,
+                "why": why,
+                "sign": sign,
+                "interval": paired[key],
+                "result": direction(paired[key], sign),
+            }
+            for key, sign, what, why in checks
+        ]
         found = {r["result"] for r in results}
-        overall = ("mixed" if {"shown", "opposite"} <= found else "shown" if "shown" in found
-                   else "opposite" if "opposite" in found else "too few seeds" if found == {"too few seeds"}
-                   else "not shown")
-        censored = (sum(v is None for v in row["per_seed"]["steps_to_target"]) if any(
-            r["key"] == "steps_to_target_censored" for r in results) else 0)
+        overall = (
+            "mixed"
+            if {"shown", "opposite"} <= found
+            else "shown"
+            if "shown" in found
+            else "opposite"
+            if "opposite" in found
+            else "too few seeds"
+            if found == {"too few seeds"}
+            else "not shown"
+        )
+        censored = (
+            sum(v is None for v in row["per_seed"]["steps_to_target"])
+            if any(r["key"] == "steps_to_target_censored" for r in results)
+            else 0
+        )
         out.append({"technique": row["name"], "overall": overall, "checks": results, "censored_seeds": censored})
     return out
 
@@ -460,8 +575,11 @@ def verdict_lines(verdict_list: list[dict]) -> list[str]:
             why = " (the interval includes 0)" if c["result"] == "not shown" else ""
             want = "should rise" if c["sign"] > 0 else "should fall"
             parts.append(f"{c['what']} {want} ({c['why']}): {_fmt_interval(c['interval'])}, {c['result']}{why}")
-        note = (f" ({v['censored_seeds']} seed(s) never reached the target: counted as one step past the budget)"
-                if v["censored_seeds"] else "")
+        note = (
+            f" ({v['censored_seeds']} seed(s) never reached the target: counted as one step past the budget)"
+            if v["censored_seeds"]
+            else ""
+        )
         lines.append(f"- **{v['technique']}: {v['overall']}.** " + "; ".join(parts) + note + ".")
     return lines
 
@@ -470,9 +588,18 @@ def verdict_lines(verdict_list: list[dict]) -> list[str]:
 
 
 def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[object]]]:
-    headers = ["row", f"val acc @ step {steps} (mean ± std, {seeds} seed{'s' if seeds > 1 else ''})",
-               "vs row above (paired, 95% CI)", "steps to target", "responses to target", "final entropy",
-               "final length", "repetition", "truncated", "paper (AIME avg@32)"]
+    headers = [
+        "row",
+        f"val acc @ step {steps} (mean ± std, {seeds} seed{'s' if seeds > 1 else ''})",
+        "vs row above (paired, 95% CI)",
+        "steps to target",
+        "responses to target",
+        "final entropy",
+        "final length",
+        "repetition",
+        "truncated",
+        "paper (AIME avg@32)",
+    ]
     body = []
     for r in figures["rows"]:
         reach = "-" if r["steps_to_target"] is None else f"{r['steps_to_target']:.0f}"
@@ -481,9 +608,20 @@ def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[o
             reach += f" ({r['seeds_reaching_target']}/{seeds})"
         diff = _fmt_interval(r["vs_previous"]["val_acc"]) if "vs_previous" in r else ""
         repeat = "-" if math.isnan(r["final_repeat"]) else f"{100 * r['final_repeat']:.1f}%"
-        body.append([r["name"], f"{r['val_acc_mean']:.3f} ± {r['val_acc_std']:.3f}", diff, reach, responses,
-                     f"{r['final_entropy']:.3f}", f"{r['final_response_length']:.1f}", repeat,
-                     f"{100 * r['truncated_frac']:.1f}%", r["paper_aime_avg32"]])
+        body.append(
+            [
+                r["name"],
+                f"{r['val_acc_mean']:.3f} ± {r['val_acc_std']:.3f}",
+                diff,
+                reach,
+                responses,
+                f"{r['final_entropy']:.3f}",
+                f"{r['final_response_length']:.1f}",
+                repeat,
+                f"{100 * r['truncated_frac']:.1f}%",
+                r["paper_aime_avg32"],
+            ]
+        )
     return headers, body
 
 
@@ -521,7 +659,7 @@ def _draw(ax, results: dict[str, list[list[dict]]], names, panel: str, train_bat
                 continue
             x = np.array(curve["steps"])
             values = np.array([[dict(CURVES[panel][1](r))[s] for s in curve["steps"]] for r in seeds])
-        line, = ax.plot(x, values.mean(0), label=name, marker="o" if "accuracy" in panel else None, markersize=3)
+        (line,) = ax.plot(x, values.mean(0), label=name, marker="o" if "accuracy" in panel else None, markersize=3)
         if len(seeds) > 1:
             ax.fill_between(x, values.min(0), values.max(0), color=line.get_color(), alpha=0.12)
     ax.set_title(CURVES[panel][0] if panel in CURVES else "held-out validation accuracy", fontsize=9)
@@ -530,8 +668,9 @@ def _draw(ax, results: dict[str, list[list[dict]]], names, panel: str, train_bat
     ax.legend(fontsize=7)
 
 
-def write_plots(results: dict[str, list[list[dict]]], out_dir: Path, train_batch_size: int = 0,
-                n: int = 1) -> list[Path]:
+def write_plots(
+    results: dict[str, list[list[dict]]], out_dir: Path, train_batch_size: int = 0, n: int = 1
+) -> list[Path]:
     """Every row on one plot per curve (accuracy, entropy, length, repetition, truncation against steps), then the
     paper's figures (``PAPER_FIGURES``): two rows side by side, one panel per curve."""
     import matplotlib
@@ -544,8 +683,9 @@ def write_plots(results: dict[str, list[list[dict]]], out_dir: Path, train_batch
     figures.update({k: v for k, v in PAPER_FIGURES.items() if all(name in results for name in v[1])})
     written = []
     for file_name, (title, names, panels) in figures.items():
-        fig, axes = plt.subplots(1, len(panels), figsize=(7 if len(panels) == 1 else 4.5 * len(panels), 4),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            1, len(panels), figsize=(7 if len(panels) == 1 else 4.5 * len(panels), 4), squeeze=False
+        )
         for ax, panel in zip(axes[0], panels):
             _draw(ax, results, names, panel, train_batch_size, n)
         if title:
@@ -558,8 +698,9 @@ def write_plots(results: dict[str, list[list[dict]]], out_dir: Path, train_batch
     return written
 
 
-def write_report(out: Path, figures: dict, headers, body, command: str, plots: list[Path],
-                 verdict_list: list[dict] | None = None) -> Path:
+def write_report(
+    out: Path, figures: dict, headers, body, command: str, plots: list[Path], verdict_list: list[dict] | None = None
+) -> Path:
     text = [
         "# DAPO ablation on the embedded engine",
         "",
@@ -574,9 +715,15 @@ def write_report(out: Path, figures: dict, headers, body, command: str, plots: l
         "",
     ]
     if verdict_list:
-        text += ["## Does each technique show its effect in the paper's direction?", "",
-                 "Computed from the paired differences to the row before (95% t-intervals over seeds): a check is "
-                 "shown when its whole interval lies on the paper's side of 0.", "", *verdict_lines(verdict_list), ""]
+        text += [
+            "## Does each technique show its effect in the paper's direction?",
+            "",
+            "Computed from the paired differences to the row before (95% t-intervals over seeds): a check is "
+            "shown when its whole interval lies on the paper's side of 0.",
+            "",
+            *verdict_lines(verdict_list),
+            "",
+        ]
     text += [*(f"![{p.stem}]({p.relative_to(out)})" for p in plots), ""]
     path = out / "report.md"
     path.write_text("\n".join(text))
@@ -590,17 +737,28 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.split("\n\n")[0], repeats=False)
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (verl's names)")
     p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: minutes")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help=f"{DEVICE_KEY} of every run; cuda also picks the larger 'cuda' preset (unless --quick)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help=f"{DEVICE_KEY} of every run; cuda also picks the larger 'cuda' preset (unless --quick)",
+    )
     p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 5; --quick 2)")
     p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the CPU count; cuda: 6)")
     p.add_argument("--out", type=Path, default=Path("bench/results/ablation"), help="run directories and report")
-    p.add_argument("--target", type=float, default=None,
-                   help="target validation accuracy (default: start + 0.8 x the best row's gain)")
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="target validation accuracy (default: start + 0.8 x the best row's gain)",
+    )
     p.add_argument("--fresh", action="store_true", help="delete earlier runs under --out instead of reusing them")
     p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
-    p.add_argument("--config-name", default=CONFIG_NAME,
-                   help="the shared setting under configs/ (default: ablation_long; ablation: the 3-digit task)")
+    p.add_argument(
+        "--config-name",
+        default=CONFIG_NAME,
+        help="the shared setting under configs/ (default: ablation_long; ablation: the 3-digit task)",
+    )
     args = p.parse_args(argv)
 
     preset = PRESETS["quick" if args.quick else "cuda" if args.device == "cuda" else "default"]
@@ -652,13 +810,19 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "\n".join(verdict_lines(verdict_list)))
     plots = write_plots(results, out / "plots", train_batch_size, n)
     command = "python -m bench.ablation " + " ".join(
-        [*([f"--config-name {args.config_name}"] if args.config_name != CONFIG_NAME else []),
-         *(["--quick"] if args.quick else []), *([f"--device {args.device}"] if args.device else []),
-         *([f"--seeds {seeds}"] if args.seeds else []), *args.overrides])
+        [
+            *([f"--config-name {args.config_name}"] if args.config_name != CONFIG_NAME else []),
+            *(["--quick"] if args.quick else []),
+            *([f"--device {args.device}"] if args.device else []),
+            *([f"--seeds {seeds}"] if args.seeds else []),
+            *args.overrides,
+        ]
+    )
     report = write_report(out, figures, headers, body, command.strip(), plots, verdict_list)
     print(f"report: {report}")
-    write_json(args.json, {**figures, "verdicts": verdict_list, "seeds": seeds, "steps": steps,
-                           "command": command.strip()})
+    write_json(
+        args.json, {**figures, "verdicts": verdict_list, "seeds": seeds, "steps": steps, "command": command.strip()}
+    )
     return 0
 
 

@@ -62,8 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     if c.model.path is not None:  # a real model and its own data files
         model_dir, val_file = Path(c.model.path), (c.data.val_files or [None])[0]
     else:
-        model_dir = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu"))
-        val_file = c.data.val_files[0] if c.data.val_files else task_files(c.embedded.cache_dir, c.embedded.task) / "val.parquet"
+        model_dir = warm_model(
+            c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu")
+        )
+        val_file = (
+            c.data.val_files[0]
+            if c.data.val_files
+            else task_files(c.embedded.cache_dir, c.embedded.task) / "val.parquet"
+        )
     tokenizer = load_tokenizer(model_dir)  # as the engine loads it (AutoTokenizer would change the pre-tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     eos = torch.tensor(eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))
@@ -72,19 +78,30 @@ def main(argv: list[str] | None = None) -> int:
         model = low_precision_copy(model, torch.bfloat16)
     rows = pd.read_parquet(val_file).head(args.problems).to_dict("records")
     prompts = [
-        torch.tensor(tokenizer(tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True,
-                                                             tokenize=False), add_special_tokens=False)["input_ids"])
+        torch.tensor(
+            tokenizer(
+                tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
         for r in rows
     ]
     start = time.perf_counter()
     with torch.no_grad():
-        ids, mask, _ = sample(model, prompts, n=c.rollout.n, params=SamplingParams(True, c.rollout.temperature, c.rollout.top_p, c.rollout.top_k),
-                              max_new_tokens=c.data.max_response_length, eos_ids=eos, pad_id=pad_id,
-                              max_num_seqs=c.rollout.max_num_seqs)  # [B*n, T]
+        ids, mask, _ = sample(
+            model,
+            prompts,
+            n=c.rollout.n,
+            params=SamplingParams(True, c.rollout.temperature, c.rollout.top_p, c.rollout.top_k),
+            max_new_tokens=c.data.max_response_length,
+            eos_ids=eos,
+            pad_id=pad_id,
+            max_num_seqs=c.rollout.max_num_seqs,
+        )  # [B*n, T]
     seconds = time.perf_counter() - start
     lengths = mask.sum(-1).tolist()  # [B*n] tokens, EOS included
     ended = (~truncated_responses(ids, mask, eos)).tolist()  # the engines' rule: an end token among the tokens
-    texts = tokenizer.batch_decode([row[: n] for row, n in zip(ids, lengths)], skip_special_tokens=True)
+    texts = tokenizer.batch_decode([row[:n] for row, n in zip(ids, lengths)], skip_special_tokens=True)
     budget, buffer = c.data.max_response_length, c.dapo.overlong.buffer_len
     correct, by_steps, repeated, in_format = [], defaultdict(list), [], []
     for i, text in enumerate(texts):
@@ -98,13 +115,22 @@ def main(argv: list[str] | None = None) -> int:
     groups = [correct[g * c.rollout.n : (g + 1) * c.rollout.n] for g in range(len(rows))]
     q = statistics.quantiles(lengths, n=20)
     figures = {
-        "problems": len(rows), "n": c.rollout.n, "temperature": c.rollout.temperature, "top_p": c.rollout.top_p, "budget": budget,
-        "buffer": buffer, "accuracy": statistics.fmean(correct),
+        "problems": len(rows),
+        "n": c.rollout.n,
+        "temperature": c.rollout.temperature,
+        "top_p": c.rollout.top_p,
+        "budget": budget,
+        "buffer": buffer,
+        "accuracy": statistics.fmean(correct),
         "mixed_groups": statistics.fmean(0 < sum(g) < len(g) for g in groups),
         "all_wrong_groups": statistics.fmean(not any(g) for g in groups),
         "all_right_groups": statistics.fmean(all(g) for g in groups),
-        "length_mean": statistics.fmean(lengths), "length_p5": q[0], "length_median": statistics.median(lengths),
-        "length_p95": q[-1], "length_max": max(lengths), "in_format": statistics.fmean(in_format),
+        "length_mean": statistics.fmean(lengths),
+        "length_p5": q[0],
+        "length_median": statistics.median(lengths),
+        "length_p95": q[-1],
+        "length_max": max(lengths),
+        "in_format": statistics.fmean(in_format),
         "truncated": statistics.fmean(not e for e in ended),
         "in_buffer": statistics.fmean(e and budget - buffer < n for e, n in zip(ended, lengths)),
         "correct_in_buffer": statistics.fmean(ok and budget - buffer < n for ok, n in zip(correct, lengths)),
@@ -112,11 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy_by_steps": {k: statistics.fmean(v) for k, v in sorted(by_steps.items())},
         "sampling_seconds": seconds,
     }
-    print(f"start model {model_dir}: {len(rows)} held-out problems x {c.rollout.n} responses at temperature "
-          f"{c.rollout.temperature}, top_p {c.rollout.top_p}, budget {budget} (buffer {buffer}), sampled in {seconds:.0f} s")
+    print(
+        f"start model {model_dir}: {len(rows)} held-out problems x {c.rollout.n} responses at temperature "
+        f"{c.rollout.temperature}, top_p {c.rollout.top_p}, budget {budget} (buffer {buffer}), "
+        f"sampled in {seconds:.0f} s"
+    )
     print_table(["figure", "value"], [[k, v] for k, v in figures.items() if k != "accuracy_by_steps"])
-    print_table(["operations", "accuracy", "responses"],
-                [[k, statistics.fmean(v), len(v)] for k, v in sorted(by_steps.items())])
+    print_table(
+        ["operations", "accuracy", "responses"], [[k, statistics.fmean(v), len(v)] for k, v in sorted(by_steps.items())]
+    )
     if args.json:
         write_json(args.json, figures)
     return 0

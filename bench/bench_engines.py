@@ -45,15 +45,29 @@ VAL_KEY_VERL = "val-core/synthetic_addition/acc/mean@2"  # the tiny task's valid
 
 def shared_overrides(steps: int, real_model: bool = False) -> list[str]:
     if real_model:  # everything else is the two real-model configs' (tests/project/test_contract.py: the same settings)
-        return [f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}", "trainer.val_before_train=true",
-                "trainer.save_freq=-1", "trainer.resume_mode=disable", "data.val_max_samples=64"]
+        return [
+            f"trainer.total_training_steps={steps}",
+            f"trainer.test_freq={steps}",
+            "trainer.val_before_train=true",
+            "trainer.save_freq=-1",
+            "trainer.resume_mode=disable",
+            "data.val_max_samples=64",
+        ]
     return [
-        "data.train_batch_size=4", "data.gen_batch_size=8", "data.max_response_length=8", "data.val_max_samples=32",
-        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.val_kwargs.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "data.train_batch_size=4",
+        "data.gen_batch_size=8",
+        "data.max_response_length=8",
+        "data.val_max_samples=32",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=4e-05",
-        "actor_rollout_ref.actor.optim.lr_warmup_steps=0", f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={steps}", "trainer.val_before_train=true", "trainer.save_freq=-1",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={steps}",
+        "trainer.val_before_train=true",
+        "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
     ]
 
@@ -81,8 +95,14 @@ def run_verl(steps: int, out: Path, real_model: bool = False) -> dict:
     if real_model:
         env["DAPO_VERL_CPU_EXPERIMENT"] = "cpu_smollm2"  # what make verl-cpu-smollm2 sets
     run_dir.mkdir(parents=True)
-    cmd = [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *shared_overrides(steps, real_model),
-           f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,file]"]
+    cmd = [
+        str(VERL_PY),
+        "-m",
+        "recipe.dapo.cpu.run",
+        *shared_overrides(steps, real_model),
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[console,file]",
+    ]
     wall, startup = _run(cmd, env, run_dir / "m.jsonl", out / "verl.log")
     records: dict[int, dict] = {}
     for line in (run_dir / "m.jsonl").read_text().splitlines():
@@ -95,8 +115,14 @@ def run_embedded(steps: int, out: Path, real_model: bool = False) -> dict:
     run_dir = out / "embedded"
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
     config = ["--config-name", "embedded_smollm2"] if real_model else []
-    cmd = [str(DAPO_TRAIN), *config, *shared_overrides(steps, real_model), f"trainer.default_local_dir={run_dir}",
-           "trainer.logger=[console]", "embedded.progress_bar=false"]
+    cmd = [
+        str(DAPO_TRAIN),
+        *config,
+        *shared_overrides(steps, real_model),
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[console]",
+        "embedded.progress_bar=false",
+    ]
     wall, startup = _run(cmd, env, run_dir / "metrics.jsonl", out / "embedded.log")
     records: dict[int, dict] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -119,8 +145,11 @@ def _figures(records: dict[int, dict], steps: int, wall: float, startup: float |
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--real-model", action="store_true",
-                        help="SmolLM2-135M-Instruct on word problems (the real-model configs; make model first)")
+    parser.add_argument(
+        "--real-model",
+        action="store_true",
+        help="SmolLM2-135M-Instruct on word problems (the real-model configs; make model first)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 8; --real-model: 4)")
     parser.add_argument("--keep", type=Path, default=None, help="keep both run directories and logs here")
     parser.add_argument("--json", type=Path, default=None)
@@ -132,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         out = args.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        results = {"verl": run_verl(steps, out, args.real_model),
-                   "embedded": run_embedded(steps, out, args.real_model)}
-    ratio = {k: results["verl"][k] / results["embedded"][k] for k in ("startup_s", "step_s", "wall_s")
-             if results["verl"][k] and results["embedded"][k]}
+        results = {"verl": run_verl(steps, out, args.real_model), "embedded": run_embedded(steps, out, args.real_model)}
+    ratio = {
+        k: results["verl"][k] / results["embedded"][k]
+        for k in ("startup_s", "step_s", "wall_s")
+        if results["verl"][k] and results["embedded"][k]
+    }
     rows = [[name, *(f"{r[k]:.3g}" if r[k] is not None else "-" for k in r)] for name, r in results.items()]
     rows.append(["verl / embedded", *(f"{ratio[k]:.3g}" if k in ratio else "" for k in results["verl"])])
     print_table(["engine", *results["verl"]], rows)

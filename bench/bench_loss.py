@@ -24,12 +24,19 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     n, t = args.responses, args.length
     log_prob = (torch.randn(n, t, generator=gen) * 0.5).requires_grad_(True)
-    old = (log_prob.detach() + torch.randn(n, t, generator=gen) * 0.3)
+    old = log_prob.detach() + torch.randn(n, t, generator=gen) * 0.3
     adv = torch.randn(n, t, generator=gen)
     lengths = torch.randint(1, t + 1, (n,), generator=gen)
     mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
-    config = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
-                               "clip_ratio_c": 10.0, "global_batch_info": {}})
+    config = OmegaConf.create(
+        {
+            "clip_ratio": 0.2,
+            "clip_ratio_low": 0.2,
+            "clip_ratio_high": 0.28,
+            "clip_ratio_c": 10.0,
+            "global_batch_info": {},
+        }
+    )
 
     def ours():
         loss, _ = policy_loss(log_prob, old, adv, mask, clip_ratio_c=10.0)
@@ -53,10 +60,16 @@ def main() -> None:
         [[name, s * 1e3, tokens / s / 1e6] for name, s in times.items()],
     )
     print(f"speed ratio ours / verl: {ratio:.2f}x (>1 means ours is faster)")
-    write_json(args.json, {
-        "ours": {"step_s": times["ours"]}, "verl": {"step_s": times["verl"]}, "ratio_ours_over_verl": ratio,
-        "responses": n, "length": t,
-    })
+    write_json(
+        args.json,
+        {
+            "ours": {"step_s": times["ours"]},
+            "verl": {"step_s": times["verl"]},
+            "ratio_ours_over_verl": ratio,
+            "responses": n,
+            "length": t,
+        },
+    )
 
 
 if __name__ == "__main__":

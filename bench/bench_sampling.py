@@ -85,8 +85,15 @@ class World:
 
 
 def make_world(
-    seed: int, steps: int, num_prompts: int, group_size: int, unsolvable: float, epochs: int,
-    logit_mean: float = -3.0, logit_std: float = 3.0, gain_max: float = 6.0,
+    seed: int,
+    steps: int,
+    num_prompts: int,
+    group_size: int,
+    unsolvable: float,
+    epochs: int,
+    logit_mean: float = -3.0,
+    logit_std: float = 3.0,
+    gain_max: float = 6.0,
 ) -> World:
     rng = np.random.default_rng(seed)
     b = rng.normal(logit_mean, logit_std, num_prompts)  # [N] initial logit
@@ -97,7 +104,7 @@ def make_world(
     p[:, rng.random(num_prompts) < unsolvable] = 0.0
     correct = rng.binomial(group_size, p[:, :, None], size=(steps, num_prompts, ATTEMPTS)).astype(np.int8)
     sigma = 0.4
-    duration = rng.lognormal(-sigma**2 / 2, sigma, size=(steps, num_prompts, ATTEMPTS)).astype(np.float32)
+    duration = rng.lognormal(-(sigma**2) / 2, sigma, size=(steps, num_prompts, ATTEMPTS)).astype(np.float32)
     order = np.concatenate([rng.permutation(num_prompts) for _ in range(epochs)])
     mixed_prob = 1 - p**group_size - (1 - p) ** group_size  # [S, N]
     return World(correct, duration, order, p.mean(axis=1), mixed_prob.mean(axis=1), group_size)
@@ -338,10 +345,16 @@ def simulate(world_params: dict, args: argparse.Namespace) -> dict:
         "goal": {"generation_saved": saved, "rounds_not_higher": rounds_ok, "met": saved >= 0.30 and rounds_ok},
         "world": {
             **world_params,
-            "mean_pass_rate": {"first_step": float(passes[0]), "last_step": float(passes[-1]),
-                               "by_phase": [float(passes[c].mean()) for c in thirds]},
-            "kept_fraction": {"first_step": float(kept[0]), "last_step": float(kept[-1]),
-                              "by_phase": [float(kept[c].mean()) for c in thirds]},
+            "mean_pass_rate": {
+                "first_step": float(passes[0]),
+                "last_step": float(passes[-1]),
+                "by_phase": [float(passes[c].mean()) for c in thirds],
+            },
+            "kept_fraction": {
+                "first_step": float(kept[0]),
+                "last_step": float(kept[-1]),
+                "by_phase": [float(kept[c].mean()) for c in thirds],
+            },
         },
     }
 
@@ -354,23 +367,47 @@ def report(name: str, result: dict) -> None:
         f"{world['gain_max']}; mean pass rate {pass_rate['first_step']:.2f} -> {pass_rate['last_step']:.2f}, "
         f"kept fraction of fresh prompts {kept['first_step']:.2f} -> {kept['last_step']:.2f}"
     )
-    headers = ["policy", "gen/trained", "saved", "rounds/step", "max rounds", ">1 round", "gen time/step",
-               "off-policy", "skipped/trained"]
-    print_table(headers, [
-        [name, f["generated_per_trained"], f"{f['generation_saved_vs_recipe']:+.1%}", f["rounds_per_step"],
-         f["max_rounds"], f"{f['multi_round_step_frac']:.1%}", f["gen_time_per_step"], f"{f['off_policy_frac']:.1%}",
-         f["skipped_per_trained"]]
-        for name, f in policies.items()
-    ])
+    headers = [
+        "policy",
+        "gen/trained",
+        "saved",
+        "rounds/step",
+        "max rounds",
+        ">1 round",
+        "gen time/step",
+        "off-policy",
+        "skipped/trained",
+    ]
+    print_table(
+        headers,
+        [
+            [
+                name,
+                f["generated_per_trained"],
+                f"{f['generation_saved_vs_recipe']:+.1%}",
+                f["rounds_per_step"],
+                f["max_rounds"],
+                f"{f['multi_round_step_frac']:.1%}",
+                f["gen_time_per_step"],
+                f"{f['off_policy_frac']:.1%}",
+                f["skipped_per_trained"],
+            ]
+            for name, f in policies.items()
+        ],
+    )
     print(
-        "by third of the run (mean pass rate " + " / ".join(f"{x:.2f}" for x in pass_rate["by_phase"])
-        + ", kept fraction of fresh prompts " + " / ".join(f"{x:.2f}" for x in kept["by_phase"])
+        "by third of the run (mean pass rate "
+        + " / ".join(f"{x:.2f}" for x in pass_rate["by_phase"])
+        + ", kept fraction of fresh prompts "
+        + " / ".join(f"{x:.2f}" for x in kept["by_phase"])
         + "): gen/trained | rounds/step"
     )
     print_table(
         ["policy", "early", "middle", "late"],
-        [[name] + [f"{ph['generated_per_trained']:.2f} | {ph['rounds_per_step']:.2f}" for ph in f["by_phase"]]
-         for name, f in policies.items()],
+        [
+            [name] + [f"{ph['generated_per_trained']:.2f} | {ph['rounds_per_step']:.2f}" for ph in f["by_phase"]]
+            for name, f in policies.items()
+        ],
     )
     goal, ours, recipe = result["goal"], policies["ours_all"], policies["verl_recipe"]
     print(
@@ -384,8 +421,13 @@ def main() -> None:
     p = parser(__doc__, repeats=False)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--steps", type=int, default=200, help="train steps per simulated run")
-    p.add_argument("--worlds", nargs="+", default=list(WORLDS), choices=list(WORLDS),
-                   help="world presets to simulate; the first one is the headline ('policies' in the JSON)")
+    p.add_argument(
+        "--worlds",
+        nargs="+",
+        default=list(WORLDS),
+        choices=list(WORLDS),
+        help="world presets to simulate; the first one is the headline ('policies' in the JSON)",
+    )
     p.add_argument("--train-batch-size", type=int, default=128)
     p.add_argument("--gen-batch-size", type=int, default=None, help="default 3 x train batch size (DAPO's)")
     p.add_argument("--group-size", type=int, default=16, help="responses per prompt (rollout.n)")
@@ -408,23 +450,33 @@ def main() -> None:
     print("\nverl_v1 'rounds' are dispatches (initial batch + refills), not rounds; compare gen time/step instead")
     print(f"simulated in {elapsed:.1f} s")
     headline = results[args.worlds[0]]
-    write_json(args.json, {
-        "policies": headline["policies"],
-        "goal": headline["goal"],
-        "headline_world": args.worlds[0],
-        "worlds": results,
-        "setup": {
-            "seeds": args.seeds, "steps": args.steps, "train_batch_size": args.train_batch_size,
-            "gen_batch_size": gbs, "group_size": args.group_size, "prompts": args.prompts,
-            "unsolvable": args.unsolvable, "max_inflight_gen_batches": args.max_inflight_gen_batches,
-            "filler_defaults": {"safety_margin": BatchFiller(1, 1).safety_margin,
-                                "saturation_window": BatchFiller(1, 1).saturation_window,
-                                "reprobe_after": BatchFiller(1, 1).reprobe_after,
-                                "kept_frac_decay": BatchFiller(1, 1).kept_frac_decay,
-                                "max_carry_age": BatchFiller(1, 1).max_carry_age},
-            "seconds": elapsed,
+    write_json(
+        args.json,
+        {
+            "policies": headline["policies"],
+            "goal": headline["goal"],
+            "headline_world": args.worlds[0],
+            "worlds": results,
+            "setup": {
+                "seeds": args.seeds,
+                "steps": args.steps,
+                "train_batch_size": args.train_batch_size,
+                "gen_batch_size": gbs,
+                "group_size": args.group_size,
+                "prompts": args.prompts,
+                "unsolvable": args.unsolvable,
+                "max_inflight_gen_batches": args.max_inflight_gen_batches,
+                "filler_defaults": {
+                    "safety_margin": BatchFiller(1, 1).safety_margin,
+                    "saturation_window": BatchFiller(1, 1).saturation_window,
+                    "reprobe_after": BatchFiller(1, 1).reprobe_after,
+                    "kept_frac_decay": BatchFiller(1, 1).kept_frac_decay,
+                    "max_carry_age": BatchFiller(1, 1).max_carry_age,
+                },
+                "seconds": elapsed,
+            },
         },
-    })
+    )
 
 
 if __name__ == "__main__":

@@ -59,8 +59,17 @@ CONTENDERS: dict[str, list[str]] = {
         "dapo.overlong_filter=false",
     ],
 }
-FIGURES = ("gen_per_trained", "rounds_per_step", "filtered_per_step", "surplus_per_step", "step_s",
-           "step_s_median", "val_acc_before", "val_acc", "wall_s")
+FIGURES = (
+    "gen_per_trained",
+    "rounds_per_step",
+    "filtered_per_step",
+    "surplus_per_step",
+    "step_s",
+    "step_s_median",
+    "val_acc_before",
+    "val_acc",
+    "wall_s",
+)
 RATIO_FIGURES = ("gen_per_trained", "rounds_per_step", "step_s")
 
 
@@ -77,9 +86,14 @@ def slug(name: str) -> str:
 
 def contender_overrides(name: str, steps: int, run_dir: Path) -> list[str]:
     """Every override of one contender's run (after ``+experiment=cpu_tiny``, which ``recipe.dapo.cpu.run`` adds)."""
-    return [*shared_overrides(steps), *CONTENDERS[name], f"trainer.default_local_dir={run_dir}",
-            f"trainer.experiment_name=sampling-{slug(name)}", "trainer.logger=[console,file]",
-            f"+ray_kwargs.ray_init._temp_dir=/tmp/ray-sbench-{os.getpid()}"]
+    return [
+        *shared_overrides(steps),
+        *CONTENDERS[name],
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.experiment_name=sampling-{slug(name)}",
+        "trainer.logger=[console,file]",
+        f"+ray_kwargs.ray_init._temp_dir=/tmp/ray-sbench-{os.getpid()}",
+    ]
 
 
 def read_records(metrics_path: Path) -> dict[int, dict]:
@@ -127,7 +141,8 @@ def ratios(results: dict[str, dict], baseline: str = "ours") -> dict[str, dict[s
     base = results[baseline]
     return {
         name: {k: r[k] / base[k] for k in RATIO_FIGURES if r.get(k) is not None and base.get(k)}
-        for name, r in results.items() if name != baseline
+        for name, r in results.items()
+        if name != baseline
     }
 
 
@@ -175,8 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     rows += [[name, "failed (log above)", *[""] * (len(FIGURES) - 1)] for name in failed]
     rows += [[f"{name} / ours", *(fmt(rr[k]) if k in rr else "" for k in FIGURES)] for name, rr in ratio.items()]
     print_table(["contender", *FIGURES], rows)
-    write_json(args.json, {"steps": args.steps, "contenders": {n: CONTENDERS[n] for n in [*results, *failed]},
-                           "results": results, "failed": failed, "ratio_to_ours": ratio})
+    write_json(
+        args.json,
+        {
+            "steps": args.steps,
+            "contenders": {n: CONTENDERS[n] for n in [*results, *failed]},
+            "results": results,
+            "failed": failed,
+            "ratio_to_ours": ratio,
+        },
+    )
     return 1 if failed else 0
 
 

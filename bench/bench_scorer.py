@@ -46,7 +46,11 @@ def load_truths() -> tuple[list[str], str]:
 def make_inputs(truths: list[str], n: int, seed: int = 0) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     correct_forms = [
-        "Answer: {a}", "Answer: ${a}$", "Answer: \\boxed{{{a}}}", "answer: {a}", "Answer: $\\boxed{{{a}}}$",
+        "Answer: {a}",
+        "Answer: ${a}$",
+        "Answer: \\boxed{{{a}}}",
+        "answer: {a}",
+        "Answer: $\\boxed{{{a}}}$",
     ]
     inputs = []
     for i in range(n):
@@ -107,8 +111,10 @@ def main() -> None:
 
     mean_chars = sum(len(s) for s, _ in inputs) / len(inputs)
     accuracy = sum(r["acc"] for r in ours_results) / len(inputs)
-    print(f"math scorer, {len(inputs)} responses (mean {mean_chars:.0f} chars) over {source}, median of "
-          f"{args.repeats} passes; paper-scorer accuracy of the mix {accuracy:.3f}")
+    print(
+        f"math scorer, {len(inputs)} responses (mean {mean_chars:.0f} chars) over {source}, median of "
+        f"{args.repeats} passes; paper-scorer accuracy of the mix {accuracy:.3f}"
+    )
     print_table(
         ["contender", "calls / s", "us / call", "x verl"],
         [[name, rate[name], 1e6 / rate[name], rate[name] / rate["verl"]] for name in contenders],
@@ -117,21 +123,24 @@ def main() -> None:
     print(f"exact agreement, ours (default) vs the paper's scorer: {agreement_paper:.4f}")
     print(f"exact agreement, ours (boxed_fallback=True) vs verl:   {agreement_verl:.4f}")
     print(f"for reference, verl vs the paper's scorer:             {verl_vs_paper:.4f} (its boxed fallback)")
-    write_json(args.json, {
-        "ours": {"calls_per_s": rate["ours"]},
-        "ours_cold_cache": {"calls_per_s": rate["ours, cold"]},
-        "ours_boxed_fallback": {"calls_per_s": rate["ours, boxed"]},
-        "verl": {"calls_per_s": rate["verl"]},
-        "ratio": ratio,
-        "ratio_cold_cache": rate["ours, cold"] / rate["verl"],
-        "ratio_boxed_fallback": rate["ours, boxed"] / rate["verl"],
-        "agreement": agreement_paper,
-        "agreement_boxed_fallback_vs_verl": agreement_verl,
-        "verl_vs_paper_agreement": verl_vs_paper,
-        "responses": len(inputs),
-        "mean_response_chars": mean_chars,
-        "ground_truths": source,
-    })
+    write_json(
+        args.json,
+        {
+            "ours": {"calls_per_s": rate["ours"]},
+            "ours_cold_cache": {"calls_per_s": rate["ours, cold"]},
+            "ours_boxed_fallback": {"calls_per_s": rate["ours, boxed"]},
+            "verl": {"calls_per_s": rate["verl"]},
+            "ratio": ratio,
+            "ratio_cold_cache": rate["ours, cold"] / rate["verl"],
+            "ratio_boxed_fallback": rate["ours, boxed"] / rate["verl"],
+            "agreement": agreement_paper,
+            "agreement_boxed_fallback_vs_verl": agreement_verl,
+            "verl_vs_paper_agreement": verl_vs_paper,
+            "responses": len(inputs),
+            "mean_response_chars": mean_chars,
+            "ground_truths": source,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -50,13 +50,23 @@ def setup(config_name: str = "embedded"):
         torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
     else:
         torch.set_num_threads(c.embedded.num_threads or 1)
-        model_dir = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu"))
+        model_dir = warm_model(
+            c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu")
+        )
         train_file = str(task_files(c.embedded.cache_dir, c.embedded.task) / "train.parquet")
     tok = load_tokenizer(model_dir)
-    train = load_prompts([train_file], tok, files_key="data.train_files",
-                         prompt_key=c.data.prompt_key, reward_fn_key=c.data.reward_fn_key,
-                         max_prompt_length=c.data.max_prompt_length, filter_overlong_prompts=False,
-                         truncation=c.data.truncation, max_samples=c.data.gen_batch_size, seed=c.data.seed)
+    train = load_prompts(
+        [train_file],
+        tok,
+        files_key="data.train_files",
+        prompt_key=c.data.prompt_key,
+        reward_fn_key=c.data.reward_fn_key,
+        max_prompt_length=c.data.max_prompt_length,
+        filter_overlong_prompts=False,
+        truncation=c.data.truncation,
+        max_samples=c.data.gen_batch_size,
+        seed=c.data.seed,
+    )
     return c, model_dir, tok, train
 
 
@@ -83,11 +93,19 @@ def main() -> None:
         def call():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 return fn()
+
         return call
+
     params = SamplingParams(True, c.rollout.temperature, c.rollout.top_p, c.rollout.top_k)
     prompts = train.prompt_ids[: c.data.gen_batch_size]
-    gen_kwargs = dict(n=c.rollout.n, params=params, max_new_tokens=c.data.max_response_length, eos_ids=eos, pad_id=pad,
-                      max_num_seqs=c.rollout.max_num_seqs)
+    gen_kwargs = dict(
+        n=c.rollout.n,
+        params=params,
+        max_new_tokens=c.data.max_response_length,
+        eos_ids=eos,
+        pad_id=pad,
+        max_num_seqs=c.rollout.max_num_seqs,
+    )
     torch.manual_seed(0)
     ids, mask, _ = sample(sampler, prompts, **gen_kwargs)  # [192, T]
     trained = c.data.train_batch_size * c.rollout.n
@@ -109,27 +127,48 @@ def main() -> None:
     def update(fn, optimizer, ids_m, mask_m, **layout):
         model.train()
         optimizer.zero_grad(set_to_none=True)
-        log_prob, entropy = fn(model, rows[:micro], ids_m, mask_m, temperature=c.rollout.temperature, pad_id=pad,
-                               with_entropy=True, **layout)
+        log_prob, entropy = fn(
+            model,
+            rows[:micro],
+            ids_m,
+            mask_m,
+            temperature=c.rollout.temperature,
+            pad_id=pad,
+            with_entropy=True,
+            **layout,
+        )
         (-(log_prob * mask_m).sum() / mask_m.sum()).backward()
         torch.nn.utils.clip_grad_norm_(list(model.parameters()), c.actor.grad_clip)
         optimizer.step()
         model.eval()
 
     own_width = int(mask_t[:micro].sum(-1).max())
-    lp_kwargs = dict(temperature=c.rollout.temperature, pad_id=pad, micro_batch_size=c.rollout.log_prob_micro_batch_size)
+    lp_kwargs = dict(
+        temperature=c.rollout.temperature, pad_id=pad, micro_batch_size=c.rollout.log_prob_micro_batch_size
+    )
     contenders = {
         "generate/hf": lambda: generate(model, prompts, **gen_kwargs),
         "generate/ours": lambda: sample(sampler, prompts, **gen_kwargs),
         "score": lambda: [compute_score(None, t, g) for t, g in zip(texts, truths)],
         "old_log_prob/hf": lambda: batched_log_probs(model, rows, ids_t, mask_t, **lp_kwargs),
-        "old_log_prob/cache": lambda: batched_log_probs(model, rows, ids_t, mask_t, **lp_kwargs,
-                                                        log_prob_fn=partial(shared_prompt_log_probs, layout="cache")),
-        "old_log_prob/packed": lambda: batched_log_probs(model, rows, ids_t, mask_t, **lp_kwargs,
-                                                         log_prob_fn=partial(shared_prompt_log_probs, layout="packed")),
+        "old_log_prob/cache": lambda: batched_log_probs(
+            model, rows, ids_t, mask_t, **lp_kwargs, log_prob_fn=partial(shared_prompt_log_probs, layout="cache")
+        ),
+        "old_log_prob/packed": lambda: batched_log_probs(
+            model, rows, ids_t, mask_t, **lp_kwargs, log_prob_fn=partial(shared_prompt_log_probs, layout="packed")
+        ),
         "update/hf": lambda: update(sequence_log_probs, optimizers["hf"], padded(ids_t, pad), padded(mask_t, 0)),
-        **{f"update/{layout}": partial(update, shared_prompt_log_probs, optimizers["ours"], ids_t[:micro, :own_width],
-                                       mask_t[:micro, :own_width], layout=layout) for layout in ("cache", "packed")},
+        **{
+            f"update/{layout}": partial(
+                update,
+                shared_prompt_log_probs,
+                optimizers["ours"],
+                ids_t[:micro, :own_width],
+                mask_t[:micro, :own_width],
+                layout=layout,
+            )
+            for layout in ("cache", "packed")
+        },
     }
     if bf16:  # the engine's loop under autocast over the fp32 weights: before the bf16 copy
         contenders["generate/autocast"] = lambda: sample(model, prompts, **gen_kwargs)
@@ -146,24 +185,51 @@ def main() -> None:
         cache, packed = (t.get(f"{part}/{layout}", t.get(f"{part}/ours", t.get(part))) for layout in layouts)
         if part == "old_log_prob":
             cache = packed = 0.0
-        rows_out.append([f"{part} x{n_times}", hf * n_times * 1e3, cache * n_times * 1e3, packed * n_times * 1e3,
-                         hf / packed if packed else float("inf"), cache / packed if packed else float("inf")])
-    rows_out.append(["one round step", *(steps[k] * 1e3 for k in ("hf", "cache", "packed")),
-                     steps["hf"] / steps["packed"], steps["cache"] / steps["packed"]])
-    print(f"\none round of {c.data.gen_batch_size} prompts x {c.rollout.n}, {updates} updates of {micro} responses, "
-          f"{torch.get_num_threads()} torch thread(s), {'bf16 compute' if bf16 else 'fp32'}; "
-          f"medians of {args.repeats} alternating repeats, ms; the engine's old_log_prob = bypass_mode (the "
-          f"shared-prompt recomputation takes {t['old_log_prob/cache'] * 1e3:.1f} ms in the cache layout, "
-          f"{t['old_log_prob/packed'] * 1e3:.1f} ms packed)")
-    print_table(["part", "HF path", "engine, cache layout", "engine, packed", "HF / packed", "cache / packed"],
-                rows_out)
+        rows_out.append(
+            [
+                f"{part} x{n_times}",
+                hf * n_times * 1e3,
+                cache * n_times * 1e3,
+                packed * n_times * 1e3,
+                hf / packed if packed else float("inf"),
+                cache / packed if packed else float("inf"),
+            ]
+        )
+    rows_out.append(
+        [
+            "one round step",
+            *(steps[k] * 1e3 for k in ("hf", "cache", "packed")),
+            steps["hf"] / steps["packed"],
+            steps["cache"] / steps["packed"],
+        ]
+    )
+    print(
+        f"\none round of {c.data.gen_batch_size} prompts x {c.rollout.n}, {updates} updates of {micro} responses, "
+        f"{torch.get_num_threads()} torch thread(s), {'bf16 compute' if bf16 else 'fp32'}; "
+        f"medians of {args.repeats} alternating repeats, ms; the engine's old_log_prob = bypass_mode (the "
+        f"shared-prompt recomputation takes {t['old_log_prob/cache'] * 1e3:.1f} ms in the cache layout, "
+        f"{t['old_log_prob/packed'] * 1e3:.1f} ms packed)"
+    )
+    print_table(
+        ["part", "HF path", "engine, cache layout", "engine, packed", "HF / packed", "cache / packed"], rows_out
+    )
     if "generate/autocast" in t:
-        print(f"generate, the engine's loop: {t['generate/autocast'] * 1e3:.0f} ms under bf16 autocast over fp32 "
-              f"weights, {t['generate/ours'] * 1e3:.0f} ms with the bf16 copy "
-              f"({t['generate/autocast'] / t['generate/ours']:.2f}x)")
-    write_json(args.json, {"ms": {k: v * 1e3 for k, v in t.items()}, "step_ms": {k: v * 1e3 for k, v in steps.items()},
-                           "updates": updates, "config": args.config_name, "bf16": bf16,
-                           "threads": torch.get_num_threads()})
+        print(
+            f"generate, the engine's loop: {t['generate/autocast'] * 1e3:.0f} ms under bf16 autocast over fp32 "
+            f"weights, {t['generate/ours'] * 1e3:.0f} ms with the bf16 copy "
+            f"({t['generate/autocast'] / t['generate/ours']:.2f}x)"
+        )
+    write_json(
+        args.json,
+        {
+            "ms": {k: v * 1e3 for k, v in t.items()},
+            "step_ms": {k: v * 1e3 for k, v in steps.items()},
+            "updates": updates,
+            "config": args.config_name,
+            "bf16": bf16,
+            "threads": torch.get_num_threads(),
+        },
+    )
 
 
 if __name__ == "__main__":

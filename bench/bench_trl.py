@@ -70,11 +70,21 @@ from dapo.settings import eos_token_ids
 CONTENDERS = ("ours", "trl")
 PRESETS = {  # config, rollout steps, steps between snapshots, seeds, engine overrides (both read them)
     "default": {"config": "embedded", "steps": 48, "eval_every": 2, "seeds": [0, 1, 2, 3, 4], "overrides": []},
-    "quick": {"config": "embedded", "steps": 6, "eval_every": 3, "seeds": [0],
-              "overrides": ["data.val_max_samples=64"]},  # mean@4 over 64 problems
+    "quick": {
+        "config": "embedded",
+        "steps": 6,
+        "eval_every": 3,
+        "seeds": [0],
+        "overrides": ["data.val_max_samples=64"],
+    },  # mean@4 over 64 problems
     # the real model (make model): SmolLM2-135M-Instruct on word problems, bf16 compute where the CPU has it
-    "real-model": {"config": "embedded_smollm2", "steps": 6, "eval_every": 3, "seeds": [0],
-                   "overrides": ["data.val_max_samples=128"]},  # mean@1 over 128 problems
+    "real-model": {
+        "config": "embedded_smollm2",
+        "steps": 6,
+        "eval_every": 3,
+        "seeds": [0],
+        "overrides": ["data.val_max_samples=128"],
+    },  # mean@1 over 128 problems
 }
 TARGET_FRACTION = 0.9  # default target: start + 0.9 x the smallest best gain of any contender in any seed
 MEAN_CURVE_FRACTIONS = (0.5, 0.75, 0.9)  # targets on the seed-mean curves: these fractions of the smaller gain
@@ -129,7 +139,9 @@ def start_model(c) -> str:
     from recipe.embedded.warmup import warm_model
 
     start = time.perf_counter()
-    path = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu"))
+    path = warm_model(
+        c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu")
+    )
     print(f"start model: {path} ({time.perf_counter() - start:.0f} s to get it, not timed)")
     return str(path)
 
@@ -226,8 +238,9 @@ def train_ours(cfg, c, spec: dict, turns: Turns) -> dict:
 def train_trl(cfg, c, spec: dict, turns: Turns) -> dict:
     from bench.trl_peer import run_worker
 
-    return run_worker(c, spec["model_dir"], spec["train_file"], Path(spec["out_dir"]), spec["steps"],
-                      spec["eval_every"], turns)
+    return run_worker(
+        c, spec["model_dir"], spec["train_file"], Path(spec["out_dir"]), spec["steps"], spec["eval_every"], turns
+    )
 
 
 def run_alternating(spec: dict, out_dir: Path) -> dict[str, dict]:
@@ -236,8 +249,9 @@ def run_alternating(spec: dict, out_dir: Path) -> dict[str, dict]:
 
     ctx = multiprocessing.get_context("spawn")
     turns = Turns(ctx)
-    procs = {name: ctx.Process(target=worker, args=(name, spec, turns), name=f"bench_trl-{name}")
-             for name in CONTENDERS}
+    procs = {
+        name: ctx.Process(target=worker, args=(name, spec, turns), name=f"bench_trl-{name}") for name in CONTENDERS
+    }
     start = time.perf_counter()
     for proc in procs.values():
         proc.start()
@@ -266,10 +280,16 @@ class Evaluator:
         self.c, self.model_dir, self.seed = c, model_dir, seed
         self.tokenizer = load_tokenizer(model_dir)
         self.val = load_prompts(
-            val_files, self.tokenizer, files_key="data.val_files", prompt_key=c.data.prompt_key,
-            reward_fn_key=c.data.reward_fn_key, max_prompt_length=c.data.max_prompt_length,
-            filter_overlong_prompts=c.data.filter_overlong_prompts, truncation=c.data.truncation,
-            max_samples=c.data.val_max_samples, seed=c.data.seed,
+            val_files,
+            self.tokenizer,
+            files_key="data.val_files",
+            prompt_key=c.data.prompt_key,
+            reward_fn_key=c.data.reward_fn_key,
+            max_prompt_length=c.data.max_prompt_length,
+            filter_overlong_prompts=c.data.filter_overlong_prompts,
+            truncation=c.data.truncation,
+            max_samples=c.data.val_max_samples,
+            seed=c.data.seed,
         )
 
     def load(self, weights: str):
@@ -296,12 +316,20 @@ class Evaluator:
         model = self.load(weights)
         eos = eos_token_ids(tok.eos_token_id, model.generation_config.eos_token_id)  # the engines' rule
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
-        params = SamplingParams(c.rollout.val_do_sample, c.rollout.val_temperature, c.rollout.val_top_p, c.rollout.val_top_k)
+        params = SamplingParams(
+            c.rollout.val_do_sample, c.rollout.val_temperature, c.rollout.val_top_p, c.rollout.val_top_k
+        )
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             ids, mask, _ = sample(  # generate's distribution, faster (tests/embedded/test_decode.py)
-                model, self.val.prompt_ids, n=c.rollout.val_n, params=params, max_new_tokens=c.data.max_response_length,
-                eos_ids=torch.tensor(eos), pad_id=pad_id, max_num_seqs=c.rollout.max_num_seqs,
+                model,
+                self.val.prompt_ids,
+                n=c.rollout.val_n,
+                params=params,
+                max_new_tokens=c.data.max_response_length,
+                eos_ids=torch.tensor(eos),
+                pad_id=pad_id,
+                max_num_seqs=c.rollout.max_num_seqs,
             )  # [V*k, T]
         truths = [t for t in self.val.ground_truths for _ in range(c.rollout.val_n)]
         correct = [
@@ -329,9 +357,16 @@ def check_prompt_parity(c, model_dir: str, train_file: str, rows: int = 64) -> N
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(tmp) / "head.parquet"
         pd.read_parquet(train_file).head(rows).to_parquet(head, index=False)
-        ours = load_prompts([str(head)], reference, files_key="data.train_files", prompt_key=c.data.prompt_key,
-                            reward_fn_key=c.data.reward_fn_key, max_prompt_length=c.data.max_prompt_length,
-                            filter_overlong_prompts=False, truncation=c.data.truncation)
+        ours = load_prompts(
+            [str(head)],
+            reference,
+            files_key="data.train_files",
+            prompt_key=c.data.prompt_key,
+            reward_fn_key=c.data.reward_fn_key,
+            max_prompt_length=c.data.max_prompt_length,
+            filter_overlong_prompts=False,
+            truncation=c.data.truncation,
+        )
         prompts = list(train_dataset(str(head))["prompt"])
     theirs = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     if [p.tolist() for p in ours.prompt_ids] != [list(t) for t in theirs]:
@@ -390,6 +425,7 @@ def figures(results: dict[str, dict], acc: dict[str, dict[int, float]], target: 
 
 def summary(per_seed: dict[int, dict]) -> dict:
     """Across seeds: the median and range of each ratio, and of each contender's steps to the target."""
+
     def spread(values: list) -> dict:
         values = [v for v in values if v is not None]
         if not values:
@@ -397,8 +433,9 @@ def summary(per_seed: dict[int, dict]) -> dict:
         return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
     figs = list(per_seed.values())
-    out = {key: spread([f[key] for f in figs])
-           for key in ("speedup_step", "speedup_response", "speedup_time_to_target")}
+    out = {
+        key: spread([f[key] for f in figs]) for key in ("speedup_step", "speedup_response", "speedup_time_to_target")
+    }
     for name in CONTENDERS:
         for key in ("steps_to_target", "time_to_target_s", "step_s", "rollout_step_s", "final_acc", "peak_rss_mib"):
             out[f"{name}_{key}"] = spread([f[name][key] for f in figs])
@@ -421,8 +458,11 @@ def mean_curve(per_seed: dict[int, dict]) -> dict:
         # mean step time per rollout step (seconds to step s = s x the mean over seeds of seconds per step)
         seconds[name] = statistics.mean(f[name]["train_s_total"] / f[name]["rollout_steps"] for f in figs)
     gain = min(max(c.values()) - start for c in curves.values())
-    out = {"acc": {name: {str(s): a for s, a in c.items()} for name, c in curves.items()},
-           "mean_step_s": seconds, "targets": {}}
+    out = {
+        "acc": {name: {str(s): a for s, a in c.items()} for name, c in curves.items()},
+        "mean_step_s": seconds,
+        "targets": {},
+    }
     for fraction in MEAN_CURVE_FRACTIONS:
         target = start + fraction * gain
         reached = {name: next((s for s in sorted(c) if s > 0 and c[s] >= target), None) for name, c in curves.items()}
@@ -435,10 +475,12 @@ def mean_curve(per_seed: dict[int, dict]) -> dict:
 
 def report(per_seed: dict[int, dict], summ: dict, settings: dict) -> None:
     first = next(iter(per_seed.values()))
-    print(f"\nDAPO training, engine vs TRL GRPOTrainer(loss_type='dapo'), taking turns step by step, "
-          f"{settings['threads']} torch thread(s) each; {settings['steps']} rollout steps of "
-          f"{settings['train_batch_size']} prompts x {settings['n']}, {first['ours']['updates_per_rollout']} updates "
-          f"each, evaluated every {settings['eval_every']}; seeds {settings['seeds']}; medians over rollout steps")
+    print(
+        f"\nDAPO training, engine vs TRL GRPOTrainer(loss_type='dapo'), taking turns step by step, "
+        f"{settings['threads']} torch thread(s) each; {settings['steps']} rollout steps of "
+        f"{settings['train_batch_size']} prompts x {settings['n']}, {first['ours']['updates_per_rollout']} updates "
+        f"each, evaluated every {settings['eval_every']}; seeds {settings['seeds']}; medians over rollout steps"
+    )
     for seed, fig in per_seed.items():
         rows = []
         for name in CONTENDERS:
@@ -446,39 +488,90 @@ def report(per_seed: dict[int, dict], summ: dict, settings: dict) -> None:
             ttt = "not reached"
             if f["time_to_target_s"] is not None:
                 ttt = f"{f['time_to_target_s']:.1f} (step {f['steps_to_target']})"
-            rows.append([name, f["step_s"], f["rollout_step_s"], f["gen_phase_s"], f["update_phase_s"],
-                         f["generated_per_step"], f["response_ms"],
-                         f"{fig['start_acc']:.3f} -> {f['final_acc']:.3f}", ttt, f["peak_rss_mib"]])
+            rows.append(
+                [
+                    name,
+                    f["step_s"],
+                    f["rollout_step_s"],
+                    f["gen_phase_s"],
+                    f["update_phase_s"],
+                    f["generated_per_step"],
+                    f["response_ms"],
+                    f"{fig['start_acc']:.3f} -> {f['final_acc']:.3f}",
+                    ttt,
+                    f["peak_rss_mib"],
+                ]
+            )
         print(f"\nseed {seed}:")
-        print_table(["contender", "s / update", "s / rollout step", "(generation", "updates)", "responses / step",
-                     "ms / response", "val acc start -> end", f"s to acc >= {fig['target_acc']:.3f}",
-                     "peak RSS MiB"], rows)
+        print_table(
+            [
+                "contender",
+                "s / update",
+                "s / rollout step",
+                "(generation",
+                "updates)",
+                "responses / step",
+                "ms / response",
+                "val acc start -> end",
+                f"s to acc >= {fig['target_acc']:.3f}",
+                "peak RSS MiB",
+            ],
+            rows,
+        )
         steps = sorted(int(s) for s in fig["ours"]["val_acc"])
         print("validation accuracy (mean@k, same evaluator) by rollout step:")
-        print_table(["rollout step", *map(str, steps)],
-                    [[name, *[fig[name]["val_acc"].get(str(s), float("nan")) for s in steps]] for name in CONTENDERS])
+        print_table(
+            ["rollout step", *map(str, steps)],
+            [[name, *[fig[name]["val_acc"].get(str(s), float("nan")) for s in steps]] for name in CONTENDERS],
+        )
     print("\nours over TRL, per seed:")
     fmt = lambda v: "n/a" if v is None else f"{v:.2f}x"  # noqa: E731
-    print_table(["seed", "per update (headline)", "per response", "time to target", "steps to target ours / trl"],
-                [[seed, fmt(f["speedup_step"]), fmt(f["speedup_response"]), fmt(f["speedup_time_to_target"]),
-                  f"{f['ours']['steps_to_target']} / {f['trl']['steps_to_target']}"] for seed, f in per_seed.items()])
+    print_table(
+        ["seed", "per update (headline)", "per response", "time to target", "steps to target ours / trl"],
+        [
+            [
+                seed,
+                fmt(f["speedup_step"]),
+                fmt(f["speedup_response"]),
+                fmt(f["speedup_time_to_target"]),
+                f"{f['ours']['steps_to_target']} / {f['trl']['steps_to_target']}",
+            ]
+            for seed, f in per_seed.items()
+        ],
+    )
     line = []
-    for key, label in (("speedup_step", "per update (headline)"), ("speedup_response", "per generated response"),
-                       ("speedup_time_to_target", "time to target")):
+    for key, label in (
+        ("speedup_step", "per update (headline)"),
+        ("speedup_response", "per generated response"),
+        ("speedup_time_to_target", "time to target"),
+    ):
         s = summ[key]
-        line.append(f"{label}: " + ("n/a" if s["median"] is None else
-                                    f"{s['median']:.2f}x (seeds {s['min']:.2f}-{s['max']:.2f}, n={s['n']})"))
+        line.append(
+            f"{label}: "
+            + (
+                "n/a"
+                if s["median"] is None
+                else f"{s['median']:.2f}x (seeds {s['min']:.2f}-{s['max']:.2f}, n={s['n']})"
+            )
+        )
     print("\nmedian over seeds, ours over TRL: " + "; ".join(line))
     mc = summ["mean_curve"]
-    print(f"\non the curves averaged over the {len(per_seed)} seeds (mean s / rollout step: ours "
-          f"{mc['mean_step_s']['ours']:.3f}, trl {mc['mean_step_s']['trl']:.3f}):")
-    print_table(["fraction of the gain", "target acc", "steps ours / trl", "time to target, ours over TRL"],
-                [[fraction, e["target_acc"], f"{e['steps']['ours']} / {e['steps']['trl']}", fmt(e["speedup"])]
-                 for fraction, e in mc["targets"].items()])
+    print(
+        f"\non the curves averaged over the {len(per_seed)} seeds (mean s / rollout step: ours "
+        f"{mc['mean_step_s']['ours']:.3f}, trl {mc['mean_step_s']['trl']:.3f}):"
+    )
+    print_table(
+        ["fraction of the gain", "target acc", "steps ours / trl", "time to target, ours over TRL"],
+        [
+            [fraction, e["target_acc"], f"{e['steps']['ours']} / {e['steps']['trl']}", fmt(e["speedup"])]
+            for fraction, e in mc["targets"].items()
+        ],
+    )
 
 
-def evaluate(evaluator: Evaluator, model_dir: str, results: dict[str, dict], steps: int, every: int,
-             start_acc: float | None) -> dict[str, dict[int, float]]:
+def evaluate(
+    evaluator: Evaluator, model_dir: str, results: dict[str, dict], steps: int, every: int, start_acc: float | None
+) -> dict[str, dict[int, float]]:
     """Accuracy of the start model and of every snapshot of both contenders, interleaved (not timed)."""
     begin = time.perf_counter()
     start_acc = evaluator.accuracy(model_dir) if start_acc is None else start_acc
@@ -493,18 +586,33 @@ def evaluate(evaluator: Evaluator, model_dir: str, results: dict[str, dict], ste
 def main() -> None:
     p = parser(__doc__, repeats=False)
     p.add_argument("overrides", nargs="*", help="engine config overrides (key=value, verl's names), applied to both")
-    p.add_argument("--quick", action="store_true",
-                   help="6 rollout steps, evaluated every 3 on 64 held-out problems, one seed (about 2 minutes)")
-    p.add_argument("--real-model", action="store_true",
-                   help="SmolLM2-135M-Instruct on word problems (configs/embedded_smollm2.yaml; `make model` first): "
-                        "6 rollout steps, evaluated every 3 on 128 held-out problems, one seed")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="6 rollout steps, evaluated every 3 on 64 held-out problems, one seed (about 2 minutes)",
+    )
+    p.add_argument(
+        "--real-model",
+        action="store_true",
+        help="SmolLM2-135M-Instruct on word problems (configs/embedded_smollm2.yaml; `make model` first): "
+        "6 rollout steps, evaluated every 3 on 128 held-out problems, one seed",
+    )
     p.add_argument("--steps", type=int, default=None, help="rollout steps per contender")
     p.add_argument("--eval-every", type=int, default=None, help="rollout steps between snapshots")
-    p.add_argument("--seeds", type=int, nargs="+", default=None,
-                   help="training seeds, each a paired run of both contenders (same start model, same seed)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="training seeds, each a paired run of both contenders (same start model, same seed)",
+    )
     p.add_argument("--target", type=float, default=None, help="validation accuracy for time_to_target_s")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads of both (sets embedded.num_threads; default: the engine's setting)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of both (sets embedded.num_threads; default: the engine's setting)",
+    )
     p.add_argument("--keep", type=Path, default=None, help="keep run dirs and logs here (default: a temp dir)")
     args = p.parse_args()
     warnings.filterwarnings("ignore", message=".*engine is not available.*")  # verl's optional engines
@@ -530,8 +638,15 @@ def main() -> None:
             model_dir = start_model(c)
             train_file, val_files = data_files(c)
             check_prompt_parity(c, model_dir, train_file)
-            spec = {"overrides": overrides, "config_name": preset["config"], "model_dir": model_dir,
-                    "train_file": train_file, "steps": steps, "eval_every": every, "out_dir": str(out_dir)}
+            spec = {
+                "overrides": overrides,
+                "config_name": preset["config"],
+                "model_dir": model_dir,
+                "train_file": train_file,
+                "steps": steps,
+                "eval_every": every,
+                "out_dir": str(out_dir),
+            }
             print(f"seed {seed}: training both")
             results[seed] = run_alternating(spec, out_dir)
 
@@ -548,16 +663,35 @@ def main() -> None:
         target = args.target if args.target is not None else common_target(list(accs.values()))
         per_seed = {seed: figures(results[seed], accs[seed], target) for seed in seeds}
         summ = summary(per_seed)
-        settings = {"steps": steps, "eval_every": every, "seeds": seeds,
-                    "threads": results[seeds[0]]["ours"]["torch_threads"], "n": c.rollout.n,
-                    "train_batch_size": c.data.train_batch_size, "gen_batch_size": c.data.gen_batch_size,
-                    "ppo_mini_batch_size": c.actor.ppo_mini_batch_size, "max_response_length": c.data.max_response_length,
-                    "lr": c.actor.lr, "val_n": c.rollout.val_n, "val_top_p": c.rollout.val_top_p, "overrides": args.overrides,
-                    "filter_groups": c.dapo.filter.enable, "preset": preset_name, "config": preset["config"],
-                    "dtype": c.embedded.dtype}
+        settings = {
+            "steps": steps,
+            "eval_every": every,
+            "seeds": seeds,
+            "threads": results[seeds[0]]["ours"]["torch_threads"],
+            "n": c.rollout.n,
+            "train_batch_size": c.data.train_batch_size,
+            "gen_batch_size": c.data.gen_batch_size,
+            "ppo_mini_batch_size": c.actor.ppo_mini_batch_size,
+            "max_response_length": c.data.max_response_length,
+            "lr": c.actor.lr,
+            "val_n": c.rollout.val_n,
+            "val_top_p": c.rollout.val_top_p,
+            "overrides": args.overrides,
+            "filter_groups": c.dapo.filter.enable,
+            "preset": preset_name,
+            "config": preset["config"],
+            "dtype": c.embedded.dtype,
+        }
         report(per_seed, summ, settings)
-        write_json(args.json, {"target_acc": target, "seeds": {str(k): v for k, v in per_seed.items()},
-                               "summary": summ, "settings": settings})
+        write_json(
+            args.json,
+            {
+                "target_acc": target,
+                "seeds": {str(k): v for k, v in per_seed.items()},
+                "summary": summ,
+                "settings": settings,
+            },
+        )
 
 
 if __name__ == "__main__":

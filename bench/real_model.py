@@ -24,8 +24,10 @@ from pathlib import Path
 
 from bench.common import print_table, write_json
 
-RUNS = {"embedded": Path("runs/dapo-embedded/smollm2-word-problems"),
-        "verl": Path("runs/dapo-verl-cpu/smollm2-word-problems")}
+RUNS = {
+    "embedded": Path("runs/dapo-embedded/smollm2-word-problems"),
+    "verl": Path("runs/dapo-verl-cpu/smollm2-word-problems"),
+}
 VAL_PREFIX = "val-core/word_problems/acc/mean@"
 PANELS = [  # (title, [(metric, label)])
     ("validation accuracy (held out)", [(VAL_PREFIX, "mean@k")]),
@@ -84,10 +86,14 @@ def summary(runs: dict[str, dict[int, dict]], problems: int, dirs: dict[str, Pat
     for engine, steps in runs.items():
         val = series(steps, VAL_PREFIX)
         train_steps = [s for s in steps if s > 0 and "timing_s/step" in steps[s]]
-        entry = {"val_acc": {str(s): v for s, v in val}, "steps": max(train_steps, default=0),
-                 "train_s": sum(steps[s]["timing_s/step"] for s in train_steps),
-                 "step_s_median": sorted(steps[s]["timing_s/step"] for s in train_steps)[len(train_steps) // 2]
-                 if train_steps else None}
+        entry = {
+            "val_acc": {str(s): v for s, v in val},
+            "steps": max(train_steps, default=0),
+            "train_s": sum(steps[s]["timing_s/step"] for s in train_steps),
+            "step_s_median": sorted(steps[s]["timing_s/step"] for s in train_steps)[len(train_steps) // 2]
+            if train_steps
+            else None,
+        }
         if len(val) >= 2:
             rise, low, high = rise_interval(val[0][1], val[-1][1], problems)
             entry.update(rise=rise, rise_low=low, rise_high=high)
@@ -113,8 +119,15 @@ def figure(runs: dict[str, dict[int, dict]], path: Path) -> None:
                 if not points:
                     continue
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, style, color=colors[engine], marker="o" if name == VAL_PREFIX else None,
-                        markersize=4, label=f"{engine} {label}".strip())
+                ax.plot(
+                    xs,
+                    ys,
+                    style,
+                    color=colors[engine],
+                    marker="o" if name == VAL_PREFIX else None,
+                    markersize=4,
+                    label=f"{engine} {label}".strip(),
+                )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
@@ -129,8 +142,13 @@ def figure(runs: dict[str, dict[int, dict]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", action="append", default=None, metavar="LABEL=DIR",
-                   help="a run directory and its label (repeatable; default: the two make targets' runs)")
+    p.add_argument(
+        "--run",
+        action="append",
+        default=None,
+        metavar="LABEL=DIR",
+        help="a run directory and its label (repeatable; default: the two make targets' runs)",
+    )
     p.add_argument("--problems", type=int, default=256, help="held-out problems each validation scored (n)")
     p.add_argument("--figure", type=Path, default=None, help="write the six-panel figure here (PNG)")
     p.add_argument("--json", type=Path, default=None)
@@ -145,23 +163,42 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dirs = {label: path for label, path in RUNS.items() if (path / "metrics.jsonl").is_file()}
         if not dirs:
-            raise SystemExit(f"no run found at {', '.join(map(str, RUNS.values()))}: run make train-smollm2 or "
-                             "make verl-cpu-smollm2 first, or name runs with --run LABEL=DIR")
+            raise SystemExit(
+                f"no run found at {', '.join(map(str, RUNS.values()))}: run make train-smollm2 or "
+                "make verl-cpu-smollm2 first, or name runs with --run LABEL=DIR"
+            )
     runs = {label: read_steps(path) for label, path in dirs.items()}
     figures = summary(runs, args.problems, dirs)
     validated = sorted({int(s) for f in figures.values() for s in f["val_acc"]})
     rows = []
     for engine, f in figures.items():
         rise = "n/a" if "rise" not in f else f"{f['rise']:+.3f} [{f['rise_low']:+.3f}, {f['rise_high']:+.3f}]"
-        rows.append([engine, *(f["val_acc"].get(str(s), float("nan")) for s in validated), rise, f["steps"],
-                     f["train_s"] / 60, f["step_s_median"] or float("nan")])
-    print_table(["run", *(f"val acc step {s}" for s in validated), "rise (95% CI)", "steps", "train min",
-                 "s / step (median)"], rows)
+        rows.append(
+            [
+                engine,
+                *(f["val_acc"].get(str(s), float("nan")) for s in validated),
+                rise,
+                f["steps"],
+                f["train_s"] / 60,
+                f["step_s_median"] or float("nan"),
+            ]
+        )
+    print_table(
+        ["run", *(f"val acc step {s}" for s in validated), "rise (95% CI)", "steps", "train min", "s / step (median)"],
+        rows,
+    )
     for engine, f in figures.items():
         missing = f["missing_from_wandb"]
-        print(f"{engine}: " + ("no offline W&B run" if missing is None else
-                               f"the W&B offline run holds all {len({k for r in runs[engine].values() for k in r})} "
-                               "metric names" if not missing else f"missing from the W&B run: {missing}"))
+        print(
+            f"{engine}: "
+            + (
+                "no offline W&B run"
+                if missing is None
+                else f"the W&B offline run holds all {len({k for r in runs[engine].values() for k in r})} metric names"
+                if not missing
+                else f"missing from the W&B run: {missing}"
+            )
+        )
     if args.figure:
         figure(runs, args.figure)
     write_json(args.json, figures)

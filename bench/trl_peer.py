@@ -154,8 +154,12 @@ def reward_funcs(c) -> tuple[list, list[float]]:
         punish = get_soft_overlong_punishment(o.max_resp_len, o.buffer_len)
         lengths = list(range(o.max_resp_len + 3))
         theirs = torch.tensor(punish([[0] * n for n in lengths])) * o.penalty_factor
-        ours = overlong_penalty(torch.tensor(lengths), max_resp_len=o.max_resp_len,
-                                overlong_buffer_len=o.buffer_len, penalty_factor=o.penalty_factor)
+        ours = overlong_penalty(
+            torch.tensor(lengths),
+            max_resp_len=o.max_resp_len,
+            overlong_buffer_len=o.buffer_len,
+            penalty_factor=o.penalty_factor,
+        )
         torch.testing.assert_close(theirs, ours)  # same shaping for every length
         funcs.append(punish)
         weights.append(o.penalty_factor)
@@ -179,11 +183,13 @@ def train_dataset(train_file: str):
     from datasets import Dataset
 
     frame = pd.read_parquet(train_file)
-    return Dataset.from_dict({
-        "prompt": [[{"role": m["role"], "content": m["content"]} for m in p] for p in frame["prompt"]],
-        "ground_truth": [str(rm["ground_truth"]) for rm in frame["reward_model"]],
-        "data_source": [str(s) for s in frame["data_source"]],
-    })
+    return Dataset.from_dict(
+        {
+            "prompt": [[{"role": m["role"], "content": m["content"]} for m in p] for p in frame["prompt"]],
+            "ground_truth": [str(rm["ground_truth"]) for rm in frame["reward_model"]],
+            "data_source": [str(s) for s in frame["data_source"]],
+        }
+    )
 
 
 def load_tokenizer(path: str):
@@ -195,8 +201,9 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def run_worker(c, model_dir: str, train_file: str, out_dir: Path, rollout_steps: int, snapshot_every: int,
-               turns) -> dict:
+def run_worker(
+    c, model_dir: str, train_file: str, out_dir: Path, rollout_steps: int, snapshot_every: int, turns
+) -> dict:
     """Train with TRL for ``rollout_steps`` rollouts; return per-rollout training seconds and snapshot files.
 
     A rollout step is timed from the start of its first optimizer step (``on_step_begin``, where generation
@@ -212,7 +219,10 @@ def run_worker(c, model_dir: str, train_file: str, out_dir: Path, rollout_steps:
     funcs, weights = reward_funcs(c)
     args = GRPOConfig(**trl_grpo_kwargs(c, str(out_dir / "trl_output"), rollout_steps), reward_weights=weights)
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=c.actor.lr, betas=c.actor.betas, weight_decay=c.actor.weight_decay
+        [p for p in model.parameters() if p.requires_grad],
+        lr=c.actor.lr,
+        betas=c.actor.betas,
+        weight_decay=c.actor.weight_decay,
     )
     per_rollout = updates_per_rollout(c)
     snapshots: dict[int, str] = {}
@@ -237,8 +247,13 @@ def run_worker(c, model_dir: str, train_file: str, out_dir: Path, rollout_steps:
                     snapshots[step] = str(path)
 
     trainer = GRPOTrainer(
-        model=model, reward_funcs=funcs, args=args, train_dataset=train_dataset(train_file),
-        processing_class=tokenizer, optimizers=(optimizer, staircase_warmup(optimizer, c)), callbacks=[Clock()],
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=train_dataset(train_file),
+        processing_class=tokenizer,
+        optimizers=(optimizer, staircase_warmup(optimizer, c)),
+        callbacks=[Clock()],
     )
     trainer.train()
     # generation phase of a rollout step (generate, score, old log-probs): its first optimizer step less a plain one

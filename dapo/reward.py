@@ -71,8 +71,14 @@ import sys
 import threading
 import time
 
-__all__ = ["DAPO_INSTRUCTION", "INVALID", "compute_score", "extract_answer", "normalize_final_answer",
-           "shutdown_math_verify"]
+__all__ = [
+    "DAPO_INSTRUCTION",
+    "INVALID",
+    "compute_score",
+    "extract_answer",
+    "normalize_final_answer",
+    "shutdown_math_verify",
+]
 
 # The instruction of DAPO-Math-17k and AIME 2024 as its authors prepared them (BytedTsinghua-SIA), verbatim: the
 # prompt asks for the "Answer:" line this scorer reads. Format with problem=...
@@ -93,15 +99,59 @@ _GT_CACHE_MAX_CHARS = 4096  # longer ground truths are normalised on every call 
 # Minerva normalisation tables, applied with str.replace in this order (the order matters: "\text{m}"
 # becomes "\text{}" before "\text{}^2" and "\text{}" are removed).
 _SUBSTITUTIONS = (
-    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""),
-    ("mbox", "text"), (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
 )
 _REMOVED_EXPRESSIONS = (
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
-    "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
-    "edges", "students", "childrentickets", "multiples",
-    "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}",
-    "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots",
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+    "\\dots",
 )
 
 
@@ -320,7 +370,11 @@ class _Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if isinstance(p, str) and p))
         self.process = subprocess.Popen(  # the parent's sys.path, so it finds what find_spec found here
             [sys.executable, "-c", _WORKER_SOURCE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            env=env,
         )
         self._buffer = b""
         self.ready = False
@@ -388,8 +442,11 @@ class _WorkerPool:
             else:
                 self._release(worker)
         if result is None:
-            logger.warning("math-verify gave no answer within %.3g s (worker killed); counted as not equivalent: "
-                           "%.80r", timeout_s, pred)
+            logger.warning(
+                "math-verify gave no answer within %.3g s (worker killed); counted as not equivalent: %.80r",
+                timeout_s,
+                pred,
+            )
             return False
         return result
 

@@ -246,8 +246,17 @@ class BatchFiller:
             )
         self.max_num_gen_batches = FilterSettings(max_num_gen_batches=max_num_gen_batches).max_num_gen_batches
         settings = SamplingSettings(
-            train_batch_size, gen_batch_size, adaptive, min_gen_batch_size, safety_margin, carry_over, max_carry_age,
-            skip_saturated, saturation_window, reprobe_after, kept_frac_decay,
+            train_batch_size,
+            gen_batch_size,
+            adaptive,
+            min_gen_batch_size,
+            safety_margin,
+            carry_over,
+            max_carry_age,
+            skip_saturated,
+            saturation_window,
+            reprobe_after,
+            kept_frac_decay,
         )
         for name, value in asdict(settings).items():  # train_batch_size, gen_batch_size, adaptive, ...
             setattr(self, name, value)
@@ -273,7 +282,9 @@ class BatchFiller:
     def from_settings(cls, sampling: SamplingSettings, filter_groups: FilterSettings) -> BatchFiller:
         """The filler both engines build from :class:`dapo.settings.DapoSettings`."""
         return cls(
-            sampling.train_batch_size, sampling.gen_batch_size, filter_groups.max_num_gen_batches,
+            sampling.train_batch_size,
+            sampling.gen_batch_size,
+            filter_groups.max_num_gen_batches,
             **sampling.filler_options(),
         )
 

@@ -55,8 +55,10 @@ def select(config: Mapping, key: str, default: Any = None, *, required: bool = F
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
             if required:
-                raise ConfigError(f"{key} is missing from the config; compose it from configs/ (dapo-train "
-                                  "--config-name NAME) or add the key")
+                raise ConfigError(
+                    f"{key} is missing from the config; compose it from configs/ (dapo-train "
+                    "--config-name NAME) or add the key"
+                )
             return default
         node = node[part]
     return default if node is None else node
@@ -157,8 +159,9 @@ class LossSettings:
         return cls(
             loss_mode=str(select(actor, "policy_loss.loss_mode", d["loss_mode"].default)),
             clip_ratio_low=check_float(f"{ACTOR}.clip_ratio_low", d["clip_ratio_low"].default if low is None else low),
-            clip_ratio_high=check_float(f"{ACTOR}.clip_ratio_high",
-                                        d["clip_ratio_high"].default if high is None else high),
+            clip_ratio_high=check_float(
+                f"{ACTOR}.clip_ratio_high", d["clip_ratio_high"].default if high is None else high
+            ),
             clip_ratio_c=check_float(f"{ACTOR}.clip_ratio_c", select(actor, "clip_ratio_c", d["clip_ratio_c"].default)),
             loss_agg_mode=str(select(actor, "loss_agg_mode", d["loss_agg_mode"].default)),
             loss_scale_factor=None if factor is None else check_float(f"{ACTOR}.loss_scale_factor", factor),
@@ -194,8 +197,7 @@ class FilterSettings:
         key = "algorithm.filter_groups"
         if self.max_num_gen_batches < 0:
             raise ConfigError(
-                f"{key}.max_num_gen_batches must be >= 0 (0 = unbounded), got {self.max_num_gen_batches}; "
-                "DAPO uses 10"
+                f"{key}.max_num_gen_batches must be >= 0 (0 = unbounded), got {self.max_num_gen_batches}; DAPO uses 10"
             )
         if not self.enable:
             return
@@ -217,7 +219,9 @@ class FilterSettings:
             enable=check_bool(f"{key}.enable", select(config, f"{key}.enable", d["enable"].default)),
             metric=str(select(config, f"{key}.metric", d["metric"].default)),
             max_num_gen_batches=check_int(
-                f"{key}.max_num_gen_batches", select(config, f"{key}.max_num_gen_batches", 0), minimum=0,
+                f"{key}.max_num_gen_batches",
+                select(config, f"{key}.max_num_gen_batches", 0),
+                minimum=0,
                 hint=" (0 = unbounded; DAPO uses 10)",
             ),
         )
@@ -266,8 +270,16 @@ class SamplingSettings:
     def from_config(cls, config: Mapping) -> SamplingSettings:
         train = check_int("data.train_batch_size", select(config, "data.train_batch_size"), minimum=1)
         gen = select(config, "data.gen_batch_size")
-        gen = train if gen is None else check_int("data.gen_batch_size", gen, minimum=1,
-                                              hint=" (null: data.train_batch_size; DAPO: 3 x data.train_batch_size)")
+        gen = (
+            train
+            if gen is None
+            else check_int(
+                "data.gen_batch_size",
+                gen,
+                minimum=1,
+                hint=" (null: data.train_batch_size; DAPO: 3 x data.train_batch_size)",
+            )
+        )
         opts = dict(select(config, "dapo.sampling", {}))
         known = [f.name for f in fields(cls)][2:]
         unknown = sorted(set(opts) - set(known))
@@ -280,7 +292,8 @@ class SamplingSettings:
             train_batch_size=train,
             gen_batch_size=gen,
             adaptive=check_bool(f"{s}.adaptive", value["adaptive"]),
-            min_gen_batch_size=None if value["min_gen_batch_size"] is None
+            min_gen_batch_size=None
+            if value["min_gen_batch_size"] is None
             else check_int(f"{s}.min_gen_batch_size", value["min_gen_batch_size"], minimum=1),
             safety_margin=check_float(f"{s}.safety_margin", value["safety_margin"]),
             carry_over=check_bool(f"{s}.carry_over", value["carry_over"]),
@@ -333,13 +346,17 @@ class OverlongSettings:
         buffer_len = select(config, f"{key}.overlong_buffer_cfg.len")
         return cls(
             filter=check_bool("dapo.overlong_filter", select(config, "dapo.overlong_filter", False)),
-            buffer_enable=check_bool(f"{key}.overlong_buffer_cfg.enable",
-                                     select(config, f"{key}.overlong_buffer_cfg.enable", False)),
+            buffer_enable=check_bool(
+                f"{key}.overlong_buffer_cfg.enable", select(config, f"{key}.overlong_buffer_cfg.enable", False)
+            ),
             max_resp_len=None if max_resp_len is None else check_int(f"{key}.max_resp_len", max_resp_len, minimum=1),
-            buffer_len=None if buffer_len is None
+            buffer_len=None
+            if buffer_len is None
             else check_int(f"{key}.overlong_buffer_cfg.len", buffer_len, minimum=0),
-            penalty_factor=check_float(f"{key}.overlong_buffer_cfg.penalty_factor",
-                                  select(config, f"{key}.overlong_buffer_cfg.penalty_factor", 1.0)),
+            penalty_factor=check_float(
+                f"{key}.overlong_buffer_cfg.penalty_factor",
+                select(config, f"{key}.overlong_buffer_cfg.penalty_factor", 1.0),
+            ),
             log=check_bool(f"{key}.overlong_buffer_cfg.log", select(config, f"{key}.overlong_buffer_cfg.log", False)),
         )
 
@@ -370,8 +387,9 @@ def eos_token_ids(
 ROLLOUT = "actor_rollout_ref.rollout"
 
 
-def _check_range(key: str, value: Any, *, low: float, high: float, low_open: bool, high_open: bool,
-                 hint: str = "") -> float:
+def _check_range(
+    key: str, value: Any, *, low: float, high: float, low_open: bool, high_open: bool, hint: str = ""
+) -> float:
     """``value`` as a float in the interval, else :class:`ConfigError` naming ``key`` and the interval."""
     out = check_float(key, value, hint=hint)
     if (out <= low if low_open else out < low) or (out >= high if high_open else out > high):
@@ -385,30 +403,33 @@ class RunSettings:
     """The verl keys every DAPO run sets, with the ranges both engines accept (verl checks some of them only inside
     its Ray workers, after minutes of start-up)."""
 
-    n: int = field(default=16, metadata={"help": "rollout.n: responses per prompt (>= 2: advantages are relative "
-                                                    "to the group)"})
+    n: int = field(
+        default=16, metadata={"help": "rollout.n: responses per prompt (>= 2: advantages are relative to the group)"}
+    )
     temperature: float = field(default=1.0, metadata={"help": "rollout.temperature, > 0"})
     top_p: float = field(default=1.0, metadata={"help": "rollout.top_p, in (0, 1]"})
     top_k: int = field(default=-1, metadata={"help": "rollout.top_k: -1 or 0 off, else >= 1"})
     val_n: int = field(default=1, metadata={"help": "rollout.val_kwargs.n: responses per validation prompt, >= 1"})
-    val_temperature: float = field(default=1.0, metadata={"help": "rollout.val_kwargs.temperature, > 0 when "
-                                                                  "val_kwargs.do_sample"})
+    val_temperature: float = field(
+        default=1.0, metadata={"help": "rollout.val_kwargs.temperature, > 0 when val_kwargs.do_sample"}
+    )
     val_top_p: float = field(default=1.0, metadata={"help": "rollout.val_kwargs.top_p, in (0, 1]"})
     max_prompt_length: int = field(default=512, metadata={"help": "data.max_prompt_length, tokens, >= 1"})
     max_response_length: int = field(default=512, metadata={"help": "data.max_response_length: L_max, >= 1"})
     lr: float = field(default=1e-6, metadata={"help": "actor.optim.lr, > 0"})
     betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "actor.optim.betas, each in [0, 1)"})
     weight_decay: float = field(default=0.01, metadata={"help": "actor.optim.weight_decay, >= 0"})
-    ppo_mini_batch_size: int = field(default=1, metadata={"help": "actor.ppo_mini_batch_size: prompts, divides "
-                                                                    "data.train_batch_size (unset: all of it)"})
+    ppo_mini_batch_size: int = field(
+        default=1,
+        metadata={"help": "actor.ppo_mini_batch_size: prompts, divides data.train_batch_size (unset: all of it)"},
+    )
     ppo_epochs: int = field(default=1, metadata={"help": "actor.ppo_epochs, >= 1"})
-    total_training_steps: int | None = field(default=None, metadata={"help": "trainer.total_training_steps, >= 1 "
-                                                                             "(null: total_epochs)"})
+    total_training_steps: int | None = field(
+        default=None, metadata={"help": "trainer.total_training_steps, >= 1 (null: total_epochs)"}
+    )
     total_epochs: int = field(default=1, metadata={"help": "trainer.total_epochs, >= 1"})
-    test_freq: int = field(default=-1, metadata={"help": "trainer.test_freq: steps between validations (<= 0: "
-                                                            "never)"})
-    save_freq: int = field(default=-1, metadata={"help": "trainer.save_freq: steps between checkpoints (<= 0: "
-                                                            "never)"})
+    test_freq: int = field(default=-1, metadata={"help": "trainer.test_freq: steps between validations (<= 0: never)"})
+    save_freq: int = field(default=-1, metadata={"help": "trainer.save_freq: steps between checkpoints (<= 0: never)"})
 
     @classmethod
     def from_config(cls, config: Mapping) -> RunSettings:
@@ -422,19 +443,24 @@ class RunSettings:
             )
         temperature = check_float(f"{ROLLOUT}.temperature", get(f"{ROLLOUT}.temperature", "temperature"))
         if temperature <= 0:
-            raise ConfigError(f"{ROLLOUT}.temperature must be > 0, got {temperature!r}: training samples its "
-                              "responses (the paper: 1.0); greedy decoding is for validation only")
+            raise ConfigError(
+                f"{ROLLOUT}.temperature must be > 0, got {temperature!r}: training samples its "
+                "responses (the paper: 1.0); greedy decoding is for validation only"
+            )
         val = f"{ROLLOUT}.val_kwargs"
         do_sample = select(config, f"{val}.do_sample", True)
         val_temperature = check_float(f"{val}.temperature", get(f"{val}.temperature", "val_temperature"))
         if do_sample and val_temperature <= 0:
-            raise ConfigError(f"{val}.temperature must be > 0 when {val}.do_sample=true, got {val_temperature!r}; "
-                              f"for greedy validation set {val}.do_sample=false (the paper: temperature 1.0)")
+            raise ConfigError(
+                f"{val}.temperature must be > 0 when {val}.do_sample=true, got {val_temperature!r}; "
+                f"for greedy validation set {val}.do_sample=false (the paper: temperature 1.0)"
+            )
         betas = get(f"{ACTOR}.optim.betas", "betas")
         if not isinstance(betas, Sequence) or isinstance(betas, str) or len(betas) != 2:
             raise ConfigError(f"{ACTOR}.optim.betas must be a pair [beta1, beta2], got {betas!r}")
-        betas = tuple(_check_range(f"{ACTOR}.optim.betas", b, low=0, high=1, low_open=False, high_open=True)
-                      for b in betas)
+        betas = tuple(
+            _check_range(f"{ACTOR}.optim.betas", b, low=0, high=1, low_open=False, high_open=True) for b in betas
+        )
         lr = check_float(f"{ACTOR}.optim.lr", get(f"{ACTOR}.optim.lr", "lr"))
         if lr <= 0:
             raise ConfigError(f"{ACTOR}.optim.lr must be > 0, got {lr!r}; the paper uses 1e-6")
@@ -442,40 +468,59 @@ class RunSettings:
         if weight_decay < 0:
             raise ConfigError(f"{ACTOR}.optim.weight_decay must be >= 0, got {weight_decay!r} (the paper: 0.1)")
         train = check_int("data.train_batch_size", select(config, "data.train_batch_size", 1), minimum=1)
-        mini = check_int(f"{ACTOR}.ppo_mini_batch_size", select(config, f"{ACTOR}.ppo_mini_batch_size", train),
-                         minimum=1)  # unset: one mini-batch, the whole train batch
+        mini = check_int(
+            f"{ACTOR}.ppo_mini_batch_size", select(config, f"{ACTOR}.ppo_mini_batch_size", train), minimum=1
+        )  # unset: one mini-batch, the whole train batch
         if train % mini:
-            raise ConfigError(f"data.train_batch_size={train} is not divisible by {ACTOR}.ppo_mini_batch_size={mini} "
-                              "(both count prompts); choose a mini-batch size that divides it, e.g. "
-                              f"{divisor_near(train, mini)}")
+            raise ConfigError(
+                f"data.train_batch_size={train} is not divisible by {ACTOR}.ppo_mini_batch_size={mini} "
+                "(both count prompts); choose a mini-batch size that divides it, e.g. "
+                f"{divisor_near(train, mini)}"
+            )
         steps = select(config, "trainer.total_training_steps")
         return cls(
             n=n,
             temperature=temperature,
-            top_p=_check_range(f"{ROLLOUT}.top_p", get(f"{ROLLOUT}.top_p", "top_p"), low=0, high=1, low_open=True,
-                               high_open=False),
-            top_k=check_int(f"{ROLLOUT}.top_k", get(f"{ROLLOUT}.top_k", "top_k"), minimum=-1,
-                            hint=" (-1 or 0: no top-k)"),
+            top_p=_check_range(
+                f"{ROLLOUT}.top_p", get(f"{ROLLOUT}.top_p", "top_p"), low=0, high=1, low_open=True, high_open=False
+            ),
+            top_k=check_int(
+                f"{ROLLOUT}.top_k", get(f"{ROLLOUT}.top_k", "top_k"), minimum=-1, hint=" (-1 or 0: no top-k)"
+            ),
             val_n=check_int(f"{val}.n", get(f"{val}.n", "val_n"), minimum=1),
             val_temperature=val_temperature,
-            val_top_p=_check_range(f"{val}.top_p", get(f"{val}.top_p", "val_top_p"), low=0, high=1, low_open=True,
-                                   high_open=False),
-            max_prompt_length=check_int("data.max_prompt_length", get("data.max_prompt_length", "max_prompt_length"),
-                                        minimum=1),
-            max_response_length=check_int("data.max_response_length",
-                                          get("data.max_response_length", "max_response_length"), minimum=1),
+            val_top_p=_check_range(
+                f"{val}.top_p", get(f"{val}.top_p", "val_top_p"), low=0, high=1, low_open=True, high_open=False
+            ),
+            max_prompt_length=check_int(
+                "data.max_prompt_length", get("data.max_prompt_length", "max_prompt_length"), minimum=1
+            ),
+            max_response_length=check_int(
+                "data.max_response_length", get("data.max_response_length", "max_response_length"), minimum=1
+            ),
             lr=lr,
             betas=betas,
             weight_decay=weight_decay,
             ppo_mini_batch_size=mini,
             ppo_epochs=check_int(f"{ACTOR}.ppo_epochs", get(f"{ACTOR}.ppo_epochs", "ppo_epochs"), minimum=1),
-            total_training_steps=None if steps is None else check_int(
-                "trainer.total_training_steps", steps, minimum=1, hint=" (null: trainer.total_epochs over the data)"),
+            total_training_steps=None
+            if steps is None
+            else check_int(
+                "trainer.total_training_steps", steps, minimum=1, hint=" (null: trainer.total_epochs over the data)"
+            ),
             total_epochs=check_int("trainer.total_epochs", get("trainer.total_epochs", "total_epochs"), minimum=1),
-            test_freq=check_int("trainer.test_freq", get("trainer.test_freq", "test_freq"), minimum=None,
-                                hint=" (an integer; <= 0: never)"),
-            save_freq=check_int("trainer.save_freq", get("trainer.save_freq", "save_freq"), minimum=None,
-                                hint=" (an integer; <= 0: never)"),
+            test_freq=check_int(
+                "trainer.test_freq",
+                get("trainer.test_freq", "test_freq"),
+                minimum=None,
+                hint=" (an integer; <= 0: never)",
+            ),
+            save_freq=check_int(
+                "trainer.save_freq",
+                get("trainer.save_freq", "save_freq"),
+                minimum=None,
+                hint=" (an integer; <= 0: never)",
+            ),
         )
 
 

@@ -107,8 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if kind == "stopped" else 2
     except KeyboardInterrupt:
         run_dir = select(cfg, "trainer.default_local_dir", "the run directory")
-        print(f"dapo-train: interrupted; the checkpoints in {run_dir} are kept: run the same command to resume from "
-              "the latest", file=sys.stderr)
+        print(
+            f"dapo-train: interrupted; the checkpoints in {run_dir} are kept: run the same command to resume from "
+            "the latest",
+            file=sys.stderr,
+        )
         return 130
 
 

@@ -86,29 +86,45 @@ def warm_up(base: Path, data: Path, settings: WarmupSettings, cache_dir: Path, l
 
         from recipe.embedded.warmup import supervised_warmup
 
-        log(f"model: supervised warm-up, {settings.steps} steps of {settings.batch_size} worked solutions "
-            f"(cached in {final})")
+        log(
+            f"model: supervised warm-up, {settings.steps} steps of {settings.batch_size} worked solutions "
+            f"(cached in {final})"
+        )
         start = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(base)
         with torch.random.fork_rng():
             torch.manual_seed(settings.seed)
             model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-            loss = supervised_warmup(model, tokenizer, data / "sft.parquet", steps=settings.steps,
-                                     batch_size=settings.batch_size, lr=settings.lr, seed=settings.seed,
-                                     progress_bar=sys.stderr.isatty(),
-                                     autocast_dtype=torch.bfloat16 if cpu_has_bf16() else None)
+            loss = supervised_warmup(
+                model,
+                tokenizer,
+                data / "sft.parquet",
+                steps=settings.steps,
+                batch_size=settings.batch_size,
+                lr=settings.lr,
+                seed=settings.seed,
+                progress_bar=sys.stderr.isatty(),
+                autocast_dtype=torch.bfloat16 if cpu_has_bf16() else None,
+            )
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         seconds = time.perf_counter() - start
         log(f"model: warm-up done in {seconds:.0f} s, final loss {loss:.3f}")
-        return {"base": str(base), "data": str(data), "settings": asdict(settings), "seconds": seconds,
-                "final_loss": loss, "bf16_autocast": cpu_has_bf16()}
+        return {
+            "base": str(base),
+            "data": str(data),
+            "settings": asdict(settings),
+            "seconds": seconds,
+            "final_loss": loss,
+            "bf16_autocast": cpu_has_bf16(),
+        }
 
     return build_atomically(final, build)
 
 
-def prepare(cache_dir: Path | None = None, task: WordProblemTask | None = None,
-            warmup: WarmupSettings | None = None, log=print) -> Path:
+def prepare(
+    cache_dir: Path | None = None, task: WordProblemTask | None = None, warmup: WarmupSettings | None = None, log=print
+) -> Path:
     """Build (or reuse) the three stages; return ``<cache_dir>/smollm2/run`` with its links."""
     cache_dir = Path(cache_dir or default_cache_dir())
     task = task or WordProblemTask()

@@ -65,8 +65,10 @@ def load_source(source: str) -> pd.DataFrame:
         except Exception as err:  # pandas raises ValueError, pyarrow its own types, for a malformed file
             raise DataError(f"{source}: cannot read it as {path.suffix[1:]} ({type(err).__name__}: {err})") from err
     if path.exists():
-        raise DataError(f"{source}: unsupported input {path.suffix or '(no extension)'!r}; give a .parquet, .jsonl "
-                        "or .json file, or a hub dataset id")
+        raise DataError(
+            f"{source}: unsupported input {path.suffix or '(no extension)'!r}; give a .parquet, .jsonl "
+            "or .json file, or a hub dataset id"
+        )
     try:
         import datasets
 
@@ -152,11 +154,15 @@ def convert(df: pd.DataFrame, *, name: str, split: str, dedup: bool, drop_invali
                 continue
             first[key] = (row[0], row[2])
             unique.append(row)
-        print(f"{name}: deduplicated {len(rows)} rows to {len(unique)} unique prompts "
-              f"({len(rows) - len(unique)} repeats dropped)")
+        print(
+            f"{name}: deduplicated {len(rows)} rows to {len(unique)} unique prompts "
+            f"({len(rows) - len(unique)} repeats dropped)"
+        )
         if conflicts:
-            print(f"{name}: warning: {conflicts} repeats had a different ground truth than the first copy "
-                  "(kept the first)")
+            print(
+                f"{name}: warning: {conflicts} repeats had a different ground truth than the first copy "
+                "(kept the first)"
+            )
         rows = unique
     else:
         print(f"{name}: kept all {len(rows)} rows (--no-dedup)")
@@ -165,18 +171,20 @@ def convert(df: pd.DataFrame, *, name: str, split: str, dedup: bool, drop_invali
     for index, (position, messages, truth, problem, record) in enumerate(rows):
         source_extra = _value(record, "extra_info")
         source_index = source_extra.get("index") if isinstance(source_extra, dict) else None
-        out.append({
-            "data_source": str(_value(record, "data_source") or DATA_SOURCE),
-            "prompt": messages,
-            "ability": str(_value(record, "ability") or "MATH"),
-            "reward_model": {"ground_truth": truth, "style": STYLE},
-            "extra_info": {
-                "index": index,
-                "raw_problem": problem or "",
-                "split": split,
-                "source_index": str(position if source_index is None else source_index),
-            },
-        })
+        out.append(
+            {
+                "data_source": str(_value(record, "data_source") or DATA_SOURCE),
+                "prompt": messages,
+                "ability": str(_value(record, "ability") or "MATH"),
+                "reward_model": {"ground_truth": truth, "style": STYLE},
+                "extra_info": {
+                    "index": index,
+                    "raw_problem": problem or "",
+                    "split": split,
+                    "source_index": str(position if source_index is None else source_index),
+                },
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -185,10 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", default=HUB_TRAIN, help=f"training source (default {HUB_TRAIN}; 'none' to skip)")
     parser.add_argument("--val", default=HUB_VAL, help=f"validation source (default {HUB_VAL}; 'none' to skip)")
     parser.add_argument("--out-dir", default="~/data/dapo", help="output directory (default ~/data/dapo)")
-    parser.add_argument("--no-dedup", dest="dedup", action="store_false",
-                        help="keep repeated prompts (DAPO-Math-17k repeats each ~100x, AIME 2024 each 32x)")
-    parser.add_argument("--drop-invalid", action="store_true",
-                        help="drop rows without prompt or ground truth instead of failing")
+    parser.add_argument(
+        "--no-dedup",
+        dest="dedup",
+        action="store_false",
+        help="keep repeated prompts (DAPO-Math-17k repeats each ~100x, AIME 2024 each 32x)",
+    )
+    parser.add_argument(
+        "--drop-invalid", action="store_true", help="drop rows without prompt or ground truth instead of failing"
+    )
     args = parser.parse_args(argv)
 
     out_dir = Path(os.path.expanduser(args.out_dir))
@@ -198,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         for split, source in jobs:
-            frame = convert(load_source(source), name=source, split=split, dedup=args.dedup,
-                            drop_invalid=args.drop_invalid)
+            frame = convert(
+                load_source(source), name=source, split=split, dedup=args.dedup, drop_invalid=args.drop_invalid
+            )
             out_dir.mkdir(parents=True, exist_ok=True)
             target = out_dir / OUT_NAMES[split]
             frame.to_parquet(target, index=False)

@@ -21,6 +21,7 @@ def reorder_bound(terms: int, depth: int, eps: float, magnitude: float) -> float
     sqrt(terms), so a bug that changes a value by more than rounding still exceeds it by orders of magnitude)."""
     return terms * depth * eps * magnitude
 
+
 TESTS_DIR = Path(__file__).resolve().parent
 AIME_PARQUET = TESTS_DIR.parents[1] / "shared" / "data" / "aime-2024.parquet"
 
@@ -91,7 +92,10 @@ def tiny_start_weights(tiny_run):
     from recipe.embedded.warmup import warm_model
 
     c = read_config(compose(tiny_run()))
-    return load_file(warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device="cpu") / "model.safetensors")
+    return load_file(
+        warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device="cpu")
+        / "model.safetensors"
+    )
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Sphinx extension: writes ``reference/configuration.md`` and ``reference/metrics.md`` before each build, from the
 declarations themselves: the ``help`` metadata of :mod:`dapo.settings`' dataclass fields, the ``key`` and ``help``
-metadata of :mod:`recipe.embedded.config`'s sections, and :data:`dapo.metrics.METRIC_DOCS`. Nothing in them is written by hand; change a ``help`` string and the page
-changes."""
+metadata of :mod:`recipe.embedded.config`'s sections, and :data:`dapo.metrics.METRIC_DOCS`. Nothing in them is
+written by hand; change a ``help`` string and the page changes."""
 
 from __future__ import annotations
 
@@ -19,25 +19,45 @@ def configuration_page() -> str:
     import dapo.settings as settings
     import recipe.embedded.config as embedded_config
 
-    lines = ["# Configuration reference", "",
-             "Generated from the `help` metadata of the dataclasses in `dapo.settings`, the contract both engines "
-             "build from the composed config (keys are verl's; a key missing from the config takes the default).", ""]
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the `help` metadata of the dataclasses in `dapo.settings`, the contract both engines "
+        "build from the composed config (keys are verl's; a key missing from the config takes the default).",
+        "",
+    ]
     for name in SETTINGS:
         cls = getattr(settings, name)
-        lines += [f"## `{name}`", "", _cell((cls.__doc__ or "").strip().split("\n\n")[0]), "",
-                  "| field | default | meaning |", "| --- | --- | --- |"]
+        lines += [
+            f"## `{name}`",
+            "",
+            _cell((cls.__doc__ or "").strip().split("\n\n")[0]),
+            "",
+            "| field | default | meaning |",
+            "| --- | --- | --- |",
+        ]
         for field in dataclasses.fields(cls):
             default = field.default if field.default is not dataclasses.MISSING else "(required)"
             lines.append(f"| `{field.name}` | `{default!r}` | {_cell(field.metadata.get('help', ''))} |")
         lines.append("")
-    lines += ["## The embedded engine's sections", "",
-              "Generated from the field metadata of `recipe.embedded.config`: every key the embedded engine reads, "
-              "by section. Defaults are the composed config's (`configs/embedded.yaml` over `configs/dapo_trainer.yaml` "
-              "over verl's `ppo_trainer`); a key missing from the config is refused, naming it. Keys marked *shared* "
-              "are checked by `RunSettings` above for both engines.", ""]
+    lines += [
+        "## The embedded engine's sections",
+        "",
+        "Generated from the field metadata of `recipe.embedded.config`: every key the embedded engine reads, "
+        "by section. Defaults are the composed config's (`configs/embedded.yaml` over `configs/dapo_trainer.yaml` "
+        "over verl's `ppo_trainer`); a key missing from the config is refused, naming it. Keys marked *shared* "
+        "are checked by `RunSettings` above for both engines.",
+        "",
+    ]
     for cls in embedded_config.SECTIONS:
-        lines += [f"### `{cls.__name__}`", "", _cell((cls.__doc__ or "").strip()), "",
-                  "| field | key | meaning |", "| --- | --- | --- |"]
+        lines += [
+            f"### `{cls.__name__}`",
+            "",
+            _cell((cls.__doc__ or "").strip()),
+            "",
+            "| field | key | meaning |",
+            "| --- | --- | --- |",
+        ]
         for field in dataclasses.fields(cls):
             shared = " *(shared)*" if field.metadata["shared"] else ""
             lines.append(f"| `{field.name}` | `{field.metadata['key']}` | {_cell(field.metadata['help'])}{shared} |")
@@ -48,11 +68,17 @@ def configuration_page() -> str:
 def metrics_page() -> str:
     from dapo.metrics import METRIC_DOCS
 
-    lines = ["# Metrics reference", "",
-             "Generated from `dapo.metrics.METRIC_DOCS`: every metric the engines log, what it means and what "
-             "healthy looks like. Both engines log these names (verl's where verl has the quantity); W&B shows them "
-             "with `trainer.logger=[console,wandb]`. On the verl engine the loss's own metrics get verl's `actor/` "
-             "prefix (`actor/dapo/clipfrac_high`).", "", "| metric | meaning |", "| --- | --- |"]
+    lines = [
+        "# Metrics reference",
+        "",
+        "Generated from `dapo.metrics.METRIC_DOCS`: every metric the engines log, what it means and what "
+        "healthy looks like. Both engines log these names (verl's where verl has the quantity); W&B shows them "
+        "with `trainer.logger=[console,wandb]`. On the verl engine the loss's own metrics get verl's `actor/` "
+        "prefix (`actor/dapo/clipfrac_high`).",
+        "",
+        "| metric | meaning |",
+        "| --- | --- |",
+    ]
     lines += [f"| `{name}` | {_cell(text)} |" for name, text in METRIC_DOCS.items()]
     return "\n".join(lines) + "\n"
 

@@ -24,8 +24,10 @@ from dapo.settings import ConfigError
 from recipe.common.rundir import RunStopped
 
 REQUIRED_COLUMNS = ("reward_model",)
-SCHEMA = ("verl's schema: data_source, prompt[{role, content}], ability, reward_model{ground_truth, style}, "
-          "extra_info (scripts/prepare_data.py writes it)")
+SCHEMA = (
+    "verl's schema: data_source, prompt[{role, content}], ability, reward_model{ground_truth, style}, "
+    "extra_info (scripts/prepare_data.py writes it)"
+)
 
 
 def _as_list(files) -> list[str]:
@@ -48,8 +50,9 @@ def check_data_files(files, key: str, *, prompt_key: str = "prompt", reward_fn_k
         if not os.access(path, os.R_OK):
             raise ConfigError(f"{key}: {name!r} is not readable by this user; fix its permissions")
         if path.stat().st_size == 0:
-            raise ConfigError(f"{key}: {name!r} is an empty file (0 bytes); write the data again or point {key} "
-                              "at another file")
+            raise ConfigError(
+                f"{key}: {name!r} is an empty file (0 bytes); write the data again or point {key} at another file"
+            )
         if path.suffix not in (".parquet", ".pq"):
             continue  # json and the other formats RLHFDataset reads: its own reader reports on them
         import pyarrow as pa
@@ -58,8 +61,10 @@ def check_data_files(files, key: str, *, prompt_key: str = "prompt", reward_fn_k
         try:
             metadata = pq.ParquetFile(path).metadata
         except (pa.ArrowException, OSError) as err:
-            raise ConfigError(f"{key}: {name!r} is not a readable parquet file ({err}); write it with "
-                              "pandas.DataFrame.to_parquet or scripts/prepare_data.py") from None
+            raise ConfigError(
+                f"{key}: {name!r} is not a readable parquet file ({err}); write it with "
+                "pandas.DataFrame.to_parquet or scripts/prepare_data.py"
+            ) from None
         columns = metadata.schema.to_arrow_schema().names
         missing = [c for c in dict.fromkeys((prompt_key, reward_fn_key, *REQUIRED_COLUMNS)) if c not in columns]
         if missing:
@@ -70,8 +75,12 @@ def check_data_files(files, key: str, *, prompt_key: str = "prompt", reward_fn_k
         if metadata.num_rows == 0:
             raise ConfigError(f"{key}: {name!r} has no rows; point {key} at a file with prompts")
         table = pq.read_table(path, columns=list(dict.fromkeys((prompt_key, "reward_model"))))
-        check_rows(table.column(prompt_key).to_pylist(), table.column("reward_model").to_pylist(),
-                   f"{key}: {name!r}", prompt_key)
+        check_rows(
+            table.column(prompt_key).to_pylist(),
+            table.column("reward_model").to_pylist(),
+            f"{key}: {name!r}",
+            prompt_key,
+        )
 
 
 def check_rows(messages: list, reward_models: list, where: str, prompt_key: str = "prompt") -> None:
@@ -89,7 +98,8 @@ def check_rows(messages: list, reward_models: list, where: str, prompt_key: str 
             "compares with: fill reward_model.ground_truth or drop those rows"
         )
     bad_prompt = [
-        row for row, m in enumerate(messages)
+        row
+        for row, m in enumerate(messages)
         if not (isinstance(m, list) and m and all(isinstance(x, dict) and "role" in x and "content" in x for x in m))
     ]
     if bad_prompt:
@@ -122,21 +132,28 @@ def describe_row(call: dict) -> str:
     response = str(call.get("solution_str", ""))
     excerpt = response if len(response) <= 80 else response[:77] + "..."
     source, truth = call.get("data_source"), call.get("ground_truth")  # numpy strings from verl's batches
-    return (f"data_source={None if source is None else str(source)!r}, "
-            f"ground truth {None if truth is None else str(truth)!r}, response {excerpt!r}")
+    return (
+        f"data_source={None if source is None else str(source)!r}, "
+        f"ground truth {None if truth is None else str(truth)!r}, response {excerpt!r}"
+    )
 
 
-def reward_failure(label: str, where: str, *, timeout_s: float | None = None, error: Exception | None = None,
-                   result=None) -> str:
+def reward_failure(
+    label: str, where: str, *, timeout_s: float | None = None, error: Exception | None = None, result=None
+) -> str:
     """One wording, for every engine, of a reward function that timed out, raised or returned no finite score
     ``where`` (``on the row ...``, ``on a probe (...)``)."""
     if timeout_s is not None:
-        return (f"{label} did not return within dapo.reward_timeout_s={timeout_s:g} s {where}; fix the function (or "
-                "raise the limit)")
+        return (
+            f"{label} did not return within dapo.reward_timeout_s={timeout_s:g} s {where}; fix the function (or "
+            "raise the limit)"
+        )
     if error is not None:
         return f"{label} raised {type(error).__name__}: {error} {where}; fix the function"
-    return (f"{label} returned {result!r} {where}; a reward must be a finite number or a dict with a finite 'score'. "
-            "Fix the function")
+    return (
+        f"{label} returned {result!r} {where}; a reward must be a finite number or a dict with a finite 'score'. "
+        "Fix the function"
+    )
 
 
 def finite_score(result) -> float | None:
@@ -160,8 +177,17 @@ class CheckedReward:
 
     def __call__(self, data_source, solution_str, ground_truth, extra_info=None, **kwargs):
         row = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth}
-        result, failure = _call(self.fn, self.label, lambda: f"on the row {describe_row(row)}", self.timeout_s,
-                                data_source, solution_str, ground_truth, extra_info, **kwargs)
+        result, failure = _call(
+            self.fn,
+            self.label,
+            lambda: f"on the row {describe_row(row)}",
+            self.timeout_s,
+            data_source,
+            solution_str,
+            ground_truth,
+            extra_info,
+            **kwargs,
+        )
         if failure is not None:
             raise RunStopped(f"{failure}; the run stopped, its last checkpoint is intact")
         return result
@@ -207,8 +233,9 @@ def _time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
-def load_reward_function(path: str | None, name: str, reward_kwargs: dict, train_files,
-                         timeout_s: float | None = None) -> CheckedReward:
+def load_reward_function(
+    path: str | None, name: str, reward_kwargs: dict, train_files, timeout_s: float | None = None
+) -> CheckedReward:
     """``reward.custom_reward_function.{path,name}`` (``path`` unset: the DAPO scorer), checked on a probe."""
     if not path:
         from dapo.reward import compute_score
@@ -216,31 +243,49 @@ def load_reward_function(path: str | None, name: str, reward_kwargs: dict, train
         return CheckedReward(compute_score, "the DAPO scorer (dapo.reward.compute_score)", timeout_s)
     label = f"reward.custom_reward_function ({path}:{name})"
     if not Path(os.path.expanduser(path)).is_file():
-        raise ConfigError(f"reward.custom_reward_function.path={path!r}: no such file; set it to a python file that "
-                          "defines the reward function")
+        raise ConfigError(
+            f"reward.custom_reward_function.path={path!r}: no such file; set it to a python file that "
+            "defines the reward function"
+        )
     from verl.utils.import_utils import load_extern_object
 
     try:
         fn = load_extern_object(os.path.expanduser(path), name)
     except AttributeError:
-        raise ConfigError(f"reward.custom_reward_function.name={name!r}: {path} defines no such function; set "
-                          "reward.custom_reward_function.name to the function's name") from None
+        raise ConfigError(
+            f"reward.custom_reward_function.name={name!r}: {path} defines no such function; set "
+            "reward.custom_reward_function.name to the function's name"
+        ) from None
     except Exception as err:  # noqa: BLE001 - any error while importing the user's file is theirs to fix
         cause = err.__cause__ or err  # verl wraps the import error in a RuntimeError of its own
-        raise ConfigError(f"reward.custom_reward_function.path={path!r} fails to import "
-                          f"({type(cause).__name__}: {cause}); fix the file") from None
+        raise ConfigError(
+            f"reward.custom_reward_function.path={path!r} fails to import "
+            f"({type(cause).__name__}: {cause}); fix the file"
+        ) from None
     if not callable(fn):
-        raise ConfigError(f"reward.custom_reward_function.name={name!r} in {path} is a {type(fn).__name__}, not a "
-                          "function; point it at compute_score(data_source, solution_str, ground_truth, extra_info)")
+        raise ConfigError(
+            f"reward.custom_reward_function.name={name!r} in {path} is a {type(fn).__name__}, not a "
+            "function; point it at compute_score(data_source, solution_str, ground_truth, extra_info)"
+        )
 
     row = first_row(train_files) or {}
-    truth = (row.get("reward_model") or {}).get("ground_truth", "1") if isinstance(row.get("reward_model"), dict) \
-        else "1"
+    truth = (
+        (row.get("reward_model") or {}).get("ground_truth", "1") if isinstance(row.get("reward_model"), dict) else "1"
+    )
     source, extra = row.get("data_source", "probe"), row.get("extra_info")
     for response in (f"Answer: {truth}", ""):
         row = {"data_source": source, "solution_str": response, "ground_truth": truth}
-        _, failure = _call(fn, label, lambda: f"on a probe ({describe_row(row)})", timeout_s,
-                           source, response, truth, extra, **reward_kwargs)
+        _, failure = _call(
+            fn,
+            label,
+            lambda: f"on a probe ({describe_row(row)})",
+            timeout_s,
+            source,
+            response,
+            truth,
+            extra,
+            **reward_kwargs,
+        )
         if failure is not None:
             raise ConfigError(failure)
     return CheckedReward(fn, label, timeout_s)

@@ -76,9 +76,14 @@ def convert(gguf_path: Path, out: Path, log=print) -> Path:
     )
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    info = {"source": str(gguf_path), "source_bytes": gguf_path.stat().st_size,
-            "parameters": sum(p.numel() for p in model.parameters()), "eos_token": END_OF_TURN,
-            "eos_token_id": end_id, "seconds": time.perf_counter() - start}
+    info = {
+        "source": str(gguf_path),
+        "source_bytes": gguf_path.stat().st_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "eos_token": END_OF_TURN,
+        "eos_token_id": end_id,
+        "seconds": time.perf_counter() - start,
+    }
     (tmp / "done.json").write_text(json.dumps(info, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)

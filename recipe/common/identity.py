@@ -27,20 +27,50 @@ IDENTITY_FILE = "run.json"
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 TRAINING_KEYS = (  # the settings that change what a training step computes (verl's names)
-    "data.train_batch_size", "data.gen_batch_size", "data.max_prompt_length", "data.max_response_length",
-    "data.shuffle", "data.seed", "data.prompt_key", "data.reward_fn_key", "data.train_max_samples",
-    "data.filter_overlong_prompts", "data.truncation", "data.apply_chat_template_kwargs",
-    f"{ROLLOUT}.n", f"{ROLLOUT}.temperature", f"{ROLLOUT}.top_p", f"{ROLLOUT}.top_k",
-    f"{ACTOR}.clip_ratio_low", f"{ACTOR}.clip_ratio_high", f"{ACTOR}.clip_ratio_c", f"{ACTOR}.loss_agg_mode",
-    f"{ACTOR}.loss_scale_factor", f"{ACTOR}.policy_loss.loss_mode", f"{ACTOR}.ppo_mini_batch_size",
-    f"{ACTOR}.ppo_epochs", f"{ACTOR}.entropy_coeff",
-    f"{ACTOR}.optim.lr", f"{ACTOR}.optim.lr_warmup_steps", f"{ACTOR}.optim.weight_decay", f"{ACTOR}.optim.betas",
-    f"{ACTOR}.optim.clip_grad", f"{ACTOR}.optim.grad_clip",
-    "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.filter_groups.enable",
-    "algorithm.filter_groups.metric", "algorithm.filter_groups.max_num_gen_batches",
-    "reward.reward_kwargs", "reward.custom_reward_function.path", "reward.custom_reward_function.name",
+    "data.train_batch_size",
+    "data.gen_batch_size",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "data.shuffle",
+    "data.seed",
+    "data.prompt_key",
+    "data.reward_fn_key",
+    "data.train_max_samples",
+    "data.filter_overlong_prompts",
+    "data.truncation",
+    "data.apply_chat_template_kwargs",
+    f"{ROLLOUT}.n",
+    f"{ROLLOUT}.temperature",
+    f"{ROLLOUT}.top_p",
+    f"{ROLLOUT}.top_k",
+    f"{ACTOR}.clip_ratio_low",
+    f"{ACTOR}.clip_ratio_high",
+    f"{ACTOR}.clip_ratio_c",
+    f"{ACTOR}.loss_agg_mode",
+    f"{ACTOR}.loss_scale_factor",
+    f"{ACTOR}.policy_loss.loss_mode",
+    f"{ACTOR}.ppo_mini_batch_size",
+    f"{ACTOR}.ppo_epochs",
+    f"{ACTOR}.entropy_coeff",
+    f"{ACTOR}.optim.lr",
+    f"{ACTOR}.optim.lr_warmup_steps",
+    f"{ACTOR}.optim.weight_decay",
+    f"{ACTOR}.optim.betas",
+    f"{ACTOR}.optim.clip_grad",
+    f"{ACTOR}.optim.grad_clip",
+    "algorithm.adv_estimator",
+    "algorithm.norm_adv_by_std_in_grpo",
+    "algorithm.filter_groups.enable",
+    "algorithm.filter_groups.metric",
+    "algorithm.filter_groups.max_num_gen_batches",
+    "reward.reward_kwargs",
+    "reward.custom_reward_function.path",
+    "reward.custom_reward_function.name",
     "reward.custom_reward_function.reward_kwargs",
-    "dapo.overlong_filter", "dapo.sampling", "embedded.seed", "embedded.dtype",
+    "dapo.overlong_filter",
+    "dapo.sampling",
+    "embedded.seed",
+    "embedded.dtype",
 )
 MODEL_KEY = "actor_rollout_ref.model.path"
 TINY_MODEL_KEYS = ("embedded.task", "embedded.model", "embedded.warmup")
@@ -79,8 +109,9 @@ def run_identity(cfg: DictConfig) -> dict:
     """``{verl key: value}`` of what this run is: model, data files, the settings of :data:`TRAINING_KEYS`."""
     get = lambda key: _plain(select(cfg, key))  # noqa: E731
     model = get(MODEL_KEY)
-    identity: dict = {MODEL_KEY: _local_path(str(model)) if model and os.path.exists(os.path.expanduser(str(model)))
-                      else model}
+    identity: dict = {
+        MODEL_KEY: _local_path(str(model)) if model and os.path.exists(os.path.expanduser(str(model))) else model
+    }
     if model is None:  # the embedded tiny model: its build settings are what it is
         identity.update({key: get(key) for key in TINY_MODEL_KEYS})
     for key in DATA_KEYS:
@@ -106,8 +137,11 @@ def read_identity(checkpoint_dir: Path) -> dict | None:
 def differences(recorded: dict, current: dict) -> list[str]:
     """``key: recorded -> current`` for every key whose value differs."""
     keys = sorted(set(recorded) | set(current))
-    return [f"{key}: {_short(recorded.get(key))} there, {_short(current.get(key))} now" for key in keys
-            if recorded.get(key) != current.get(key) and not _unknown_rows(key, recorded, current)]
+    return [
+        f"{key}: {_short(recorded.get(key))} there, {_short(current.get(key))} now"
+        for key in keys
+        if recorded.get(key) != current.get(key) and not _unknown_rows(key, recorded, current)
+    ]
 
 
 def _unknown_rows(key: str, recorded: dict, current: dict) -> bool:

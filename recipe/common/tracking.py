@@ -67,6 +67,8 @@ def fall_back_to_offline(loggers, run_dir) -> str | None:
     reason = offline_reason(loggers)
     if reason is not None:
         os.environ["WANDB_MODE"] = "offline"
-        print(f"W&B is offline ({reason}; the wait was at most {WANDB_CONNECT_TIMEOUT_S} s); training goes on, and "
-              f"`wandb sync {run_dir}/wandb/offline-run-*` uploads the run later")
+        print(
+            f"W&B is offline ({reason}; the wait was at most {WANDB_CONNECT_TIMEOUT_S} s); training goes on, and "
+            f"`wandb sync {run_dir}/wandb/offline-run-*` uploads the run later"
+        )
     return reason

@@ -37,8 +37,20 @@ DATA_SOURCE = "word_problems"
 MAX_VALUE = 200  # every running count stays in 1..MAX_VALUE
 SPLITS = ("train", "val", "sft")
 
-_NAMES = [("Mia", "She"), ("Leo", "He"), ("Ava", "She"), ("Sam", "He"), ("Zoe", "She"), ("Max", "He"),
-          ("Ivy", "She"), ("Ben", "He"), ("Ella", "She"), ("Noah", "He"), ("Lily", "She"), ("Omar", "He")]
+_NAMES = [
+    ("Mia", "She"),
+    ("Leo", "He"),
+    ("Ava", "She"),
+    ("Sam", "He"),
+    ("Zoe", "She"),
+    ("Max", "He"),
+    ("Ivy", "She"),
+    ("Ben", "He"),
+    ("Ella", "She"),
+    ("Noah", "He"),
+    ("Lily", "She"),
+    ("Omar", "He"),
+]
 _THINGS = ["apples", "shells", "stickers", "marbles", "coins", "cards", "pencils", "books", "stamps", "beads"]
 _CONTAINERS = ["boxes", "bags", "packs", "jars"]
 
@@ -54,8 +66,12 @@ class Event:
     container: str = ""
 
     def apply(self, value: int) -> int:
-        return {"add": value + self.amount, "sub": value - self.amount, "double": value * 2,
-                "groups": value + self.count * self.amount}[self.kind]
+        return {
+            "add": value + self.amount,
+            "sub": value - self.amount,
+            "double": value * 2,
+            "groups": value + self.count * self.amount,
+        }[self.kind]
 
 
 @dataclass(frozen=True)
@@ -143,8 +159,10 @@ class WordProblemTask:
         if not 1 <= self.min_ops <= self.max_ops:
             raise ValueError(f"word problems need 1 <= min_ops <= max_ops, got {self.min_ops} and {self.max_ops}")
         if min(self.val_size, self.sft_size, self.train_size) < 1:
-            raise ValueError("word problems need val_size, sft_size and train_size >= 1, got "
-                             f"{self.val_size}, {self.sft_size} and {self.train_size}")
+            raise ValueError(
+                "word problems need val_size, sft_size and train_size >= 1, got "
+                f"{self.val_size}, {self.sft_size} and {self.train_size}"
+            )
         rng = random.Random(self.seed)
         wanted = self.val_size + self.sft_size + self.train_size
         seen: set[str] = set()
@@ -164,8 +182,11 @@ class WordProblemTask:
 
     def split(self, name: str) -> list[Problem]:
         problems = self.problems()
-        bounds = {"val": (0, self.val_size), "sft": (self.val_size, self.val_size + self.sft_size),
-                  "train": (self.val_size + self.sft_size, len(problems))}
+        bounds = {
+            "val": (0, self.val_size),
+            "sft": (self.val_size, self.val_size + self.sft_size),
+            "train": (self.val_size + self.sft_size, len(problems)),
+        }
         if name not in bounds:
             raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
         lo, hi = bounds[name]
@@ -193,6 +214,11 @@ def row(index: int, split: str, problem: Problem) -> dict:
         "prompt": [{"role": "user", "content": DAPO_INSTRUCTION.format(problem=problem.text())}],
         "ability": "MATH",
         "reward_model": {"ground_truth": str(problem.answer), "style": "rule-lighteval/MATH_v2"},
-        "extra_info": {"index": index, "split": split, "raw_problem": problem.text(),
-                       "solution": problem.solution(), "num_ops": len(problem.events)},
+        "extra_info": {
+            "index": index,
+            "split": split,
+            "raw_problem": problem.text(),
+            "solution": problem.solution(),
+            "num_ops": len(problem.events),
+        },
     }

@@ -104,8 +104,10 @@ def check_inputs(config: DictConfig) -> Path | None:
     from recipe.dapo.resume import choose_checkpoint
 
     plain = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
-    prompt_key, reward_fn_key = select(plain, "data.prompt_key", required=True), select(plain, "data.reward_fn_key",
-                                                                                         required=True)
+    prompt_key, reward_fn_key = (
+        select(plain, "data.prompt_key", required=True),
+        select(plain, "data.reward_fn_key", required=True),
+    )
     for key in ("data.train_files", "data.val_files"):
         files = select(plain, key)
         if files in (None, "", []):
@@ -117,9 +119,13 @@ def check_inputs(config: DictConfig) -> Path | None:
         checks.check_data_files(files, key, prompt_key=prompt_key, reward_fn_key=reward_fn_key)
     path = select(plain, "reward.custom_reward_function.path")
     if path:
-        checks.load_reward_function(path, select(plain, "reward.custom_reward_function.name", "compute_score"),
-                                    select(plain, "reward.custom_reward_function.reward_kwargs", {}),
-                                    select(plain, "data.train_files"), select(plain, "dapo.reward_timeout_s"))
+        checks.load_reward_function(
+            path,
+            select(plain, "reward.custom_reward_function.name", "compute_score"),
+            select(plain, "reward.custom_reward_function.reward_kwargs", {}),
+            select(plain, "data.train_files"),
+            select(plain, "dapo.reward_timeout_s"),
+        )
     latest = choose_checkpoint(config)  # the newest intact checkpoint (a damaged one is named and skipped)
     if latest is not None and latest.is_dir():
         check_same_run(latest, run_identity(config))
@@ -138,8 +144,10 @@ def check_model_path(key: str, path) -> None:
         return
     from dapo.settings import ConfigError
 
-    raise ConfigError(f"{key}={text!r}: no such directory; point it at a model saved with save_pretrained (or a "
-                      "hub id org/name where the hub is reachable)")
+    raise ConfigError(
+        f"{key}={text!r}: no such directory; point it at a model saved with save_pretrained (or a "
+        "hub id org/name where the hub is reachable)"
+    )
 
 
 def run_dapo(config: DictConfig) -> None:
@@ -168,8 +176,9 @@ def run_dapo(config: DictConfig) -> None:
     try:
         validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     except (ValueError, AssertionError) as err:  # verl's checks name the key; say it in one line
-        raise ConfigError(f"{err}".strip() or f"verl's validate_config rejected the config ({type(err).__name__})") \
-            from None
+        raise ConfigError(
+            f"{err}".strip() or f"verl's validate_config rejected the config ({type(err).__name__})"
+        ) from None
     prepare_metrics(config, resumed)  # metrics.jsonl: the records up to the resumed step, each once
     # W&B: verl's Tracking calls wandb.init online in a Ray worker, which waits up to 90 s and then fails the run
     # when the server does not answer; decided here instead, with a bounded probe (offline if it fails)
@@ -183,8 +192,11 @@ def main(config: DictConfig) -> None:
     try:
         run_dapo(config)
     except KeyboardInterrupt:
-        print(f"main_dapo: interrupted; the checkpoints in {config.trainer.default_local_dir} are kept: run the "
-              "same command to resume from the latest", file=sys.stderr)
+        print(
+            f"main_dapo: interrupted; the checkpoints in {config.trainer.default_local_dir} are kept: run the "
+            "same command to resume from the latest",
+            file=sys.stderr,
+        )
         sys.exit(130)
     except Exception as err:  # bad input (ConfigError, exit 2) or a run stopped (RunStopped, exit 1): one line, no
         from recipe.common.rundir import carried_error  # traceback, also when raised in a Ray worker and wrapped
@@ -219,8 +231,7 @@ def _precompose(argv: list[str]) -> None:
     except (HydraException, OmegaConfBaseException, FileNotFoundError) as err:
         cause = str(err.__cause__ or "").strip().split("\n")[0]
         message = str(err).strip().replace("\n", " ")
-        print(f"main_dapo: error: {message}{f' ({cause})' if cause and cause not in message else ''}",
-              file=sys.stderr)
+        print(f"main_dapo: error: {message}{f' ({cause})' if cause and cause not in message else ''}", file=sys.stderr)
         sys.exit(2)
 
 

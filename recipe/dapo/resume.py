@@ -110,8 +110,10 @@ def prepare_metrics(config: DictConfig, resumed: Path | None) -> None:
     if path is not None and select(config, "trainer.resume_mode", "auto") != "disable":
         dropped = trim_metrics(path, step_of(resumed))
         if dropped:
-            print(f"{path}: dropped {dropped} records after step {step_of(resumed)} (logged by the run that "
-                  "stopped; they are trained and logged again)")
+            print(
+                f"{path}: dropped {dropped} records after step {step_of(resumed)} (logged by the run that "
+                "stopped; they are trained and logged again)"
+            )
     elif path is not None and path.is_file():
         path.unlink()  # resume_mode=disable starts over: so does its metrics file
 

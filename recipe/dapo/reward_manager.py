@@ -58,19 +58,27 @@ class DAPOPaperRewardManager(RewardManagerBase):
         self.compute_score = compute_score
         custom = select(config, "reward.custom_reward_function.path")
         name = select(config, "reward.custom_reward_function.name") or "compute_score"
-        self.label = (f"reward.custom_reward_function ({custom}:{name})" if custom
-                      else f"the reward function {getattr(compute_score, '__module__', '?')}."
-                      f"{getattr(compute_score, '__name__', repr(compute_score))}")
+        self.label = (
+            f"reward.custom_reward_function ({custom}:{name})"
+            if custom
+            else f"the reward function {getattr(compute_score, '__module__', '?')}."
+            f"{getattr(compute_score, '__name__', repr(compute_score))}"
+        )
         self.is_async_reward_score = inspect.iscoroutinefunction(compute_score)
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
 
         # the same reader as the embedded engine's (dapo.settings), on the keys it reads
-        self.overlong = OverlongSettings.from_config({
-            "reward": {"reward_kwargs": OmegaConf.to_container(
-                select(config, "reward.reward_kwargs") or OmegaConf.create({}), resolve=True)},
-            "data": {"max_response_length": select(config, "data.max_response_length")},
-        })
+        self.overlong = OverlongSettings.from_config(
+            {
+                "reward": {
+                    "reward_kwargs": OmegaConf.to_container(
+                        select(config, "reward.reward_kwargs") or OmegaConf.create({}), resolve=True
+                    )
+                },
+                "data": {"max_response_length": select(config, "data.max_response_length")},
+            }
+        )
         self.overlong_enable = self.overlong.buffer_enable
         self.overlong_log = self.overlong.log
         self.overlong_buffer_len = self.overlong.buffer_len
@@ -121,8 +129,13 @@ class DAPOPaperRewardManager(RewardManagerBase):
             if self.reward_router_address is not None
             else {}
         )
-        call = dict(data_source=data_source, solution_str=response_str, ground_truth=ground_truth,
-                    extra_info=extra_info, **extra_kwargs)
+        call = dict(
+            data_source=data_source,
+            solution_str=response_str,
+            ground_truth=ground_truth,
+            extra_info=extra_info,
+            **extra_kwargs,
+        )
         result = await self._score(call)
 
         reward_extra_info = dict(result) if isinstance(result, dict) else {"score": result}

@@ -58,6 +58,7 @@ from dapo.settings import ConfigError, FilterSettings, SamplingSettings
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
+
 @dataclass(frozen=True)
 class DynamicSamplingSettings:
     """``trainer.v1.sampler.sampler_kwargs``, read into the contract's settings (:mod:`dapo.settings`). The yaml fills

@@ -59,7 +59,8 @@ def load_sampler_state(replay_buffer, step_dir: str) -> dict | None:
         logger.warning(
             "dropping %d carried groups from %s: their trajectories lived in the TransferQueue, which verl's "
             "synchronous trainer does not checkpoint; the resumed step generates in their place",
-            len(state["carried_payloads"]), path,
+            len(state["carried_payloads"]),
+            path,
         )
         state.update(carried_payloads=[], carried_versions=[])
     filler.load_state_dict(state)

@@ -188,12 +188,15 @@ class DAPOTrainer(PPOTrainerSync):
         if self.global_steps > 0:  # verl resumed from global_step_{global_steps}
             mode = self.config.trainer.resume_mode
             root = self.config.trainer.resume_from_path if mode == "resume_path" else None
-            step_dir = os.path.abspath(root or os.path.join(self.config.trainer.default_local_dir,
-                                                            f"global_step_{self.global_steps}"))
+            step_dir = os.path.abspath(
+                root or os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            )
             state = load_sampler_state(self.replay_buffer, step_dir)
             if state is not None:
-                print(f"DAPO sampler state restored from {step_dir} (kept-fraction estimate "
-                      f"{state['kept_frac_num']:.3g}/{state['kept_frac_den']:.3g}, totals {state['totals']})")
+                print(
+                    f"DAPO sampler state restored from {step_dir} (kept-fraction estimate "
+                    f"{state['kept_frac_num']:.3g}/{state['kept_frac_den']:.3g}, totals {state['totals']})"
+                )
 
 
 def response_eos_ids(model_config) -> tuple[int, ...]:

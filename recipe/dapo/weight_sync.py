@@ -31,8 +31,10 @@ def logprob_gap(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, ma
     if not valid.any():
         return {}
     gap = (old_log_probs.float() - rollout_log_probs.float()).abs()[valid]  # [valid tokens]
-    return {"dapo/weight_sync/logprob_diff_max": gap.max().item(),
-            "dapo/weight_sync/logprob_diff_mean": gap.mean().item()}
+    return {
+        "dapo/weight_sync/logprob_diff_max": gap.max().item(),
+        "dapo/weight_sync/logprob_diff_mean": gap.mean().item(),
+    }
 
 
 def weight_sync_metrics(batch: KVBatchMeta) -> dict[str, float]:
@@ -43,5 +45,6 @@ def weight_sync_metrics(batch: KVBatchMeta) -> dict[str, float]:
         return {}
     padded = {name: data[name].to_padded_tensor(padding=0) if data[name].is_nested else data[name] for name in fields}
     width = padded["response_mask"].shape[-1]
-    return logprob_gap(padded["old_log_probs"][:, :width], padded["rollout_log_probs"][:, :width],
-                       padded["response_mask"])
+    return logprob_gap(
+        padded["old_log_probs"][:, :width], padded["rollout_log_probs"][:, :width], padded["response_mask"]
+    )

@@ -48,8 +48,9 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, max_to_keep: int | None,
-                    identity: dict | None = None) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, model, tokenizer, state: dict, max_to_keep: int | None, identity: dict | None = None
+) -> Path:
     """Write ``global_step_<step>`` atomically, point the tracker at it, prune to ``max_to_keep``."""
     final = run_dir / f"global_step_{step}"
     tmp = run_dir / f"global_step_{step}.tmp"
@@ -156,17 +157,24 @@ def find_intact(run_dir: Path, log=print) -> Path | None:
         return None
     from recipe.common.integrity import newest_intact
 
-    candidates = [latest] + [run_dir / f"global_step_{s}" for s in sorted(checkpoint_steps(run_dir), reverse=True)
-                             if run_dir / f"global_step_{s}" != latest]
+    candidates = [latest] + [
+        run_dir / f"global_step_{s}"
+        for s in sorted(checkpoint_steps(run_dir), reverse=True)
+        if run_dir / f"global_step_{s}" != latest
+    ]
     return newest_intact(run_dir, candidates, damage, log)
 
 
 def training_state(step: int, optimizer, scheduler, stream, filler, wandb_id: str | None) -> dict:
     """The contents of ``trainer_state.pt``, written here and read back by :func:`restore_training_state` only."""
     return {
-        "global_step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "rng": rng_state(), "data": stream.state_dict(),
-        "filler": None if filler is None else filler.state_dict(), "wandb_id": wandb_id,
+        "global_step": step,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_state(),
+        "data": stream.state_dict(),
+        "filler": None if filler is None else filler.state_dict(),
+        "wandb_id": wandb_id,
     }
 
 
@@ -198,12 +206,14 @@ def resume_checkpoint(c: EngineConfig, run_dir: Path, identity: dict) -> Path | 
         path = Path(c.trainer.resume_from_path).expanduser()
         if not (path / STATE_FILE).is_file():
             raise ConfigError(
-                f"trainer.resume_from_path={c.trainer.resume_from_path!r} is not a checkpoint (a global_step_N directory)"
+                f"trainer.resume_from_path={c.trainer.resume_from_path!r} is not a checkpoint "
+                "(a global_step_N directory)"
             )
         problem = damage(path)
         if problem:
-            raise ConfigError(f"trainer.resume_from_path={c.trainer.resume_from_path!r}: {problem}; point it at an intact "
-                              "checkpoint")
+            raise ConfigError(
+                f"trainer.resume_from_path={c.trainer.resume_from_path!r}: {problem}; point it at an intact checkpoint"
+            )
     else:
         path = find_intact(run_dir)
     if path is not None:
@@ -215,7 +225,12 @@ def finished(c: EngineConfig, resume_from: Path) -> bool:
     """True (and says so) when the checkpoint is the last step of ``trainer.total_training_steps``; a length given
     in epochs is known only once the data is read, so that case is told after loading (``run``)."""
     step = int(resume_from.name.rsplit("_", 1)[1]) if resume_from.name.startswith("global_step_") else None
-    if c.trainer.val_only or step is None or c.trainer.total_training_steps is None or step < c.trainer.total_training_steps:
+    if (
+        c.trainer.val_only
+        or step is None
+        or c.trainer.total_training_steps is None
+        or step < c.trainer.total_training_steps
+    ):
         return False
     finished_message(c, resume_from, step, c.trainer.total_training_steps)
     return True

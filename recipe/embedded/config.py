@@ -46,8 +46,19 @@ from dapo.settings import (
 )
 
 __all__ = [
-    "ActorConfig", "AlgorithmConfig", "ConfigError", "DataConfig", "EmbeddedConfig", "EngineConfig", "ModelConfig",
-    "RewardConfig", "RolloutConfig", "SECTIONS", "TrainerConfig", "ignored_verl_keys", "read_config",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "ConfigError",
+    "DataConfig",
+    "EmbeddedConfig",
+    "EngineConfig",
+    "ModelConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "SECTIONS",
+    "TrainerConfig",
+    "ignored_verl_keys",
+    "read_config",
 ]
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -84,8 +95,10 @@ def _positive(key: str, value) -> int:
 class DataConfig:
     """``data.*``: the prompt files, their columns, lengths and batch sizes."""
 
-    train_files: list[str] | None = _key("data.train_files", "parquet files in verl's schema (null: the embedded "
-                                                              "synthetic task, built under embedded.cache_dir)")
+    train_files: list[str] | None = _key(
+        "data.train_files",
+        "parquet files in verl's schema (null: the embedded synthetic task, built under embedded.cache_dir)",
+    )
     val_files: list[str] | None = _key("data.val_files", "held-out parquet files (null: the synthetic task's)")
     train_max_samples: int = _key("data.train_max_samples", "rows read from the train files (-1: all)")
     val_max_samples: int = _key("data.val_max_samples", "rows read from the validation files (-1: all)")
@@ -93,17 +106,20 @@ class DataConfig:
     reward_fn_key: str = _key("data.reward_fn_key", "the column naming each row's data source")
     max_prompt_length: int = _key("data.max_prompt_length", "prompt tokens after the chat template", shared=True)
     max_response_length: int = _key("data.max_response_length", "L_max: the response budget in tokens", shared=True)
-    train_batch_size: int = _key("data.train_batch_size", "prompts per step (groups kept by dynamic sampling)",
-                                 shared=True)
+    train_batch_size: int = _key(
+        "data.train_batch_size", "prompts per step (groups kept by dynamic sampling)", shared=True
+    )
     gen_batch_size: int = _key("data.gen_batch_size", "prompts per generation round", shared=True)
     val_batch_size: int | None = _key("data.val_batch_size", "prompts per validation sampling call (null: all)")
     shuffle: bool = _key("data.shuffle", "draw train prompts in a seeded shuffled order each epoch")
     seed: int = _key("data.seed", "the prompt order's seed (null: embedded.seed)")
-    filter_overlong_prompts: bool = _key("data.filter_overlong_prompts",
-                                         "drop prompts longer than max_prompt_length instead of refusing them")
+    filter_overlong_prompts: bool = _key(
+        "data.filter_overlong_prompts", "drop prompts longer than max_prompt_length instead of refusing them"
+    )
     truncation: str = _key("data.truncation", "a prompt over max_prompt_length: error, left, right or middle")
-    apply_chat_template_kwargs: dict = _key("data.apply_chat_template_kwargs",
-                                            "extra keyword arguments of the tokenizer's apply_chat_template")
+    apply_chat_template_kwargs: dict = _key(
+        "data.apply_chat_template_kwargs", "extra keyword arguments of the tokenizer's apply_chat_template"
+    )
 
     @classmethod
     def from_config(cls, config: Mapping, settings: DapoSettings, seed: int) -> DataConfig:
@@ -145,9 +161,10 @@ class RolloutConfig:
     val_top_k: int = _key(f"{ROLLOUT}.val_kwargs.top_k", "validation top-k (0: off; -1 reads as 0)")
     val_do_sample: bool = _key(f"{ROLLOUT}.val_kwargs.do_sample", "sample validation responses (false: greedy)")
     max_num_seqs: int = _key(f"{ROLLOUT}.max_num_seqs", "responses decoded at once (memory: the KV cache)")
-    log_prob_micro_batch_size: int = _key(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
-                                          "responses per forward when old log-probs are recomputed (null: the "
-                                          "actor's micro-batch)")
+    log_prob_micro_batch_size: int = _key(
+        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
+        "responses per forward when old log-probs are recomputed (null: the actor's micro-batch)",
+    )
 
     @classmethod
     def from_config(cls, config: Mapping, run: RunSettings, actor_micro: int) -> RolloutConfig:
@@ -157,12 +174,19 @@ class RolloutConfig:
                 f"greedy validation ({ROLLOUT}.val_kwargs.do_sample=false) gives the same response every time; "
                 f"set {ROLLOUT}.val_kwargs.n=1 (got {run.val_n}) or do_sample=true"
             )
-        val_top_k = check_int(f"{ROLLOUT}.val_kwargs.top_k", _get(config, f"{ROLLOUT}.val_kwargs.top_k", -1),
-                              minimum=-1)
+        val_top_k = check_int(
+            f"{ROLLOUT}.val_kwargs.top_k", _get(config, f"{ROLLOUT}.val_kwargs.top_k", -1), minimum=-1
+        )
         log_prob_micro = _get(config, f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", actor_micro)
         return cls(
-            n=run.n, temperature=run.temperature, top_p=run.top_p, top_k=max(0, run.top_k), val_n=run.val_n,
-            val_temperature=run.val_temperature, val_top_p=run.val_top_p, val_top_k=max(0, val_top_k),
+            n=run.n,
+            temperature=run.temperature,
+            top_p=run.top_p,
+            top_k=max(0, run.top_k),
+            val_n=run.val_n,
+            val_temperature=run.val_temperature,
+            val_top_p=run.val_top_p,
+            val_top_k=max(0, val_top_k),
             val_do_sample=do_sample,
             max_num_seqs=_positive(f"{ROLLOUT}.max_num_seqs", _get(config, f"{ROLLOUT}.max_num_seqs")),
             log_prob_micro_batch_size=_positive(f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", log_prob_micro),
@@ -174,11 +198,15 @@ class ActorConfig:
     """``actor_rollout_ref.actor.*``: how the policy update batches the train batch, and its optimizer."""
 
     ppo_mini_batch_size: int = _key(f"{ACTOR}.ppo_mini_batch_size", "prompts per optimizer step", shared=True)
-    ppo_micro_batch_size: int = _key(f"{ACTOR}.ppo_micro_batch_size_per_gpu",
-                                     "responses per forward/backward (gradients accumulate; the loss is unchanged)")
+    ppo_micro_batch_size: int = _key(
+        f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+        "responses per forward/backward (gradients accumulate; the loss is unchanged)",
+    )
     ppo_epochs: int = _key(f"{ACTOR}.ppo_epochs", "passes over the train batch", shared=True)
-    grad_clip: float = _key(f"{ACTOR}.optim.clip_grad", "largest gradient norm an update keeps (optim.grad_clip, "
-                                                         "deprecated, overrides it when set)")
+    grad_clip: float = _key(
+        f"{ACTOR}.optim.clip_grad",
+        "largest gradient norm an update keeps (optim.grad_clip, deprecated, overrides it when set)",
+    )
     lr: float = _key(f"{ACTOR}.optim.lr", "AdamW learning rate", shared=True)
     lr_warmup_steps: int = _key(f"{ACTOR}.optim.lr_warmup_steps", "linear warm-up steps (-1 or 0: none)")
     weight_decay: float = _key(f"{ACTOR}.optim.weight_decay", "AdamW weight decay", shared=True)
@@ -188,8 +216,9 @@ class ActorConfig:
     @classmethod
     def from_config(cls, config: Mapping, run: RunSettings) -> ActorConfig:
         n, mini = run.n, run.ppo_mini_batch_size
-        micro = _positive(f"{ACTOR}.ppo_micro_batch_size_per_gpu",
-                          _get(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu", mini * n))
+        micro = _positive(
+            f"{ACTOR}.ppo_micro_batch_size_per_gpu", _get(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu", mini * n)
+        )
         if (mini * n) % micro:
             raise ConfigError(
                 f"a mini-batch of {mini} prompts x {n} responses = {mini * n} responses is not divisible by "
@@ -200,13 +229,21 @@ class ActorConfig:
         key = f"{ACTOR}.optim.grad_clip" if select(config, f"{ACTOR}.optim.grad_clip") else f"{ACTOR}.optim.clip_grad"
         grad_clip = check_float(key, select(config, key, required=True))
         if grad_clip <= 0:
-            raise ConfigError(f"{key} must be > 0 (the largest gradient norm an update keeps), got {grad_clip!r}; "
-                              "the paper uses 1.0")
-        warmup = check_int(f"{ACTOR}.optim.lr_warmup_steps", _get(config, f"{ACTOR}.optim.lr_warmup_steps", -1),
-                           minimum=-1)
+            raise ConfigError(
+                f"{key} must be > 0 (the largest gradient norm an update keeps), got {grad_clip!r}; the paper uses 1.0"
+            )
+        warmup = check_int(
+            f"{ACTOR}.optim.lr_warmup_steps", _get(config, f"{ACTOR}.optim.lr_warmup_steps", -1), minimum=-1
+        )
         return cls(
-            ppo_mini_batch_size=mini, ppo_micro_batch_size=micro, ppo_epochs=run.ppo_epochs, grad_clip=grad_clip,
-            lr=run.lr, lr_warmup_steps=max(0, warmup), weight_decay=run.weight_decay, betas=run.betas,
+            ppo_mini_batch_size=mini,
+            ppo_micro_batch_size=micro,
+            ppo_epochs=run.ppo_epochs,
+            grad_clip=grad_clip,
+            lr=run.lr,
+            lr_warmup_steps=max(0, warmup),
+            weight_decay=run.weight_decay,
+            betas=run.betas,
             entropy_coeff=check_float(f"{ACTOR}.entropy_coeff", _get(config, f"{ACTOR}.entropy_coeff", 0.0)),
         )
 
@@ -215,14 +252,17 @@ class ActorConfig:
 class ModelConfig:
     """``actor_rollout_ref.model.*``: the policy to load."""
 
-    path: str | None = _key(f"{MODEL}.path", "a local Hugging Face folder or hub id (null: the embedded tiny Qwen2, "
-                                             "warmed up)")
+    path: str | None = _key(
+        f"{MODEL}.path", "a local Hugging Face folder or hub id (null: the embedded tiny Qwen2, warmed up)"
+    )
     tokenizer_path: str | None = _key(f"{MODEL}.tokenizer_path", "the tokenizer's folder (null: model.path)")
-    custom_chat_template: str | None = _key(f"{MODEL}.custom_chat_template",
-                                            "a Jinja chat template replacing the tokenizer's")
+    custom_chat_template: str | None = _key(
+        f"{MODEL}.custom_chat_template", "a Jinja chat template replacing the tokenizer's"
+    )
     trust_remote_code: bool = _key(f"{MODEL}.trust_remote_code", "run the model folder's own Python code")
-    gradient_checkpointing: bool = _key(f"{MODEL}.enable_gradient_checkpointing",
-                                        "recompute activations in the backward pass (less memory, slower)")
+    gradient_checkpointing: bool = _key(
+        f"{MODEL}.enable_gradient_checkpointing", "recompute activations in the backward pass (less memory, slower)"
+    )
 
     @classmethod
     def from_config(cls, config: Mapping) -> ModelConfig:
@@ -239,10 +279,13 @@ class ModelConfig:
 class AlgorithmConfig:
     """``algorithm.*``: the advantage and the behaviour policy's log-probs."""
 
-    norm_adv_by_std_in_grpo: bool = _key("algorithm.norm_adv_by_std_in_grpo",
-                                         "divide each group's advantages by its reward standard deviation")
-    bypass_mode: bool = _key("algorithm.rollout_correction.bypass_mode",
-                             "old log-probs from the sampling pass (true) or recomputed by the actor (false)")
+    norm_adv_by_std_in_grpo: bool = _key(
+        "algorithm.norm_adv_by_std_in_grpo", "divide each group's advantages by its reward standard deviation"
+    )
+    bypass_mode: bool = _key(
+        "algorithm.rollout_correction.bypass_mode",
+        "old log-probs from the sampling pass (true) or recomputed by the actor (false)",
+    )
 
     @classmethod
     def from_config(cls, config: Mapping) -> AlgorithmConfig:
@@ -267,12 +310,13 @@ class AlgorithmConfig:
 class RewardConfig:
     """``reward.custom_reward_function.*``: the scorer (``dapo.reward.compute_score`` unless set)."""
 
-    path: str | None = _key("reward.custom_reward_function.path", "a Python file with the scoring function "
-                                                                   "(null: dapo.reward.compute_score)")
+    path: str | None = _key(
+        "reward.custom_reward_function.path",
+        "a Python file with the scoring function (null: dapo.reward.compute_score)",
+    )
     name: str = _key("reward.custom_reward_function.name", "the function's name in that file")
     kwargs: dict = _key("reward.custom_reward_function.reward_kwargs", "keyword arguments passed to every call")
-    timeout_s: float | None = _key("dapo.reward_timeout_s", "one call longer than this stops the run (null: no "
-                                                             "limit)")
+    timeout_s: float | None = _key("dapo.reward_timeout_s", "one call longer than this stops the run (null: no limit)")
 
     @classmethod
     def from_config(cls, config: Mapping) -> RewardConfig:
@@ -294,18 +338,19 @@ class RewardConfig:
 class TrainerConfig:
     """``trainer.*``: how long, how often to validate and save, where, and what to log."""
 
-    total_training_steps: int | None = _key("trainer.total_training_steps", "steps (null: total_epochs)",
-                                            shared=True)
-    total_epochs: int = _key("trainer.total_epochs", "epochs over the train set when total_training_steps is null",
-                             shared=True)
+    total_training_steps: int | None = _key("trainer.total_training_steps", "steps (null: total_epochs)", shared=True)
+    total_epochs: int = _key(
+        "trainer.total_epochs", "epochs over the train set when total_training_steps is null", shared=True
+    )
     test_freq: int = _key("trainer.test_freq", "steps between validations", shared=True)
     save_freq: int = _key("trainer.save_freq", "steps between checkpoints", shared=True)
     logger: tuple[str, ...] = _key("trainer.logger", "console, wandb (offline without credentials)")
     project_name: str = _key("trainer.project_name", "the W&B project")
     experiment_name: str = _key("trainer.experiment_name", "the W&B run name")
     run_dir: str = _key("trainer.default_local_dir", "the run directory: metrics.jsonl, plots, checkpoints")
-    resume_mode: str = _key("trainer.resume_mode", "auto (the newest intact checkpoint of this run), disable or "
-                                                    "resume_path")
+    resume_mode: str = _key(
+        "trainer.resume_mode", "auto (the newest intact checkpoint of this run), disable or resume_path"
+    )
     resume_from_path: str | None = _key("trainer.resume_from_path", "the checkpoint resume_mode=resume_path takes")
     val_before_train: bool = _key("trainer.val_before_train", "validate the start model (skipped when resuming)")
     val_only: bool = _key("trainer.val_only", "validate and stop")
@@ -321,13 +366,16 @@ class TrainerConfig:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
         logger = _get(config, "trainer.logger", [])
         return cls(
-            total_training_steps=run.total_training_steps, total_epochs=run.total_epochs, test_freq=run.test_freq,
+            total_training_steps=run.total_training_steps,
+            total_epochs=run.total_epochs,
+            test_freq=run.test_freq,
             save_freq=run.save_freq,
             logger=(logger,) if isinstance(logger, str) else tuple(logger),
             project_name=str(_get(config, "trainer.project_name")),
             experiment_name=str(_get(config, "trainer.experiment_name")),
             run_dir=os.path.expanduser(str(_get(config, "trainer.default_local_dir"))),
-            resume_mode=resume_mode, resume_from_path=resume_from,
+            resume_mode=resume_mode,
+            resume_from_path=resume_from,
             val_before_train=bool(_get(config, "trainer.val_before_train")),
             val_only=bool(_get(config, "trainer.val_only")),
             max_ckpt_to_keep=_get(config, "trainer.max_actor_ckpt_to_keep"),
@@ -340,8 +388,10 @@ class EmbeddedConfig:
 
     seed: int = _key("embedded.seed", "seeds Python, NumPy and torch (and the prompt order unless data.seed)")
     device: str = _key("embedded.device", "auto (CUDA when visible, else CPU), cpu, cuda or cuda:N")
-    dtype: str = _key("embedded.dtype", "auto, float32, float64 or bfloat16 (bf16 compute over fp32 weights, a bf16 "
-                                        "copy for sampling) or float16")
+    dtype: str = _key(
+        "embedded.dtype",
+        "auto, float32, float64 or bfloat16 (bf16 compute over fp32 weights, a bf16 copy for sampling) or float16",
+    )
     num_threads: int | None = _key("embedded.num_threads", "torch's CPU threads (null: torch's default)")
     cache_dir: str = _key("embedded.cache_dir", "where the warmed-up tiny model and the synthetic task are cached")
     task: dict = _key("embedded.task", "the synthetic task when data files are null (recipe/embedded/task.py)")
@@ -380,8 +430,16 @@ class EngineConfig:
     embedded: EmbeddedConfig
 
 
-SECTIONS = (DataConfig, RolloutConfig, ActorConfig, ModelConfig, AlgorithmConfig, RewardConfig, TrainerConfig,
-            EmbeddedConfig)  # in the order of the configuration reference
+SECTIONS = (
+    DataConfig,
+    RolloutConfig,
+    ActorConfig,
+    ModelConfig,
+    AlgorithmConfig,
+    RewardConfig,
+    TrainerConfig,
+    EmbeddedConfig,
+)  # in the order of the configuration reference
 
 
 def read_config(cfg: DictConfig | Mapping) -> EngineConfig:

@@ -76,8 +76,14 @@ def load_prompts(
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     dataset_config = OmegaConf.create(
-        {"prompt_key": prompt_key, "max_prompt_length": max_prompt_length, "filter_overlong_prompts": False,
-         "shuffle": True, "seed": seed, "cache_dir": os.path.expanduser("~/.cache/verl/rlhf")}
+        {
+            "prompt_key": prompt_key,
+            "max_prompt_length": max_prompt_length,
+            "filter_overlong_prompts": False,
+            "shuffle": True,
+            "seed": seed,
+            "cache_dir": os.path.expanduser("~/.cache/verl/rlhf"),
+        }
     )
     frame = RLHFDataset(paths, tokenizer, dataset_config, max_samples=max_samples).dataframe
 
@@ -93,8 +99,9 @@ def load_prompts(
         raise ConfigError(f"{files_key} ({', '.join(paths)}) has no rows")
 
     # plain lists, read once: indexing a datasets column row by row costs about a millisecond a row
-    wanted = [c for c in dict.fromkeys((prompt_key, reward_fn_key, "reward_model", "extra_info"))
-              if c in frame.column_names]
+    wanted = [
+        c for c in dict.fromkeys((prompt_key, reward_fn_key, "reward_model", "extra_info")) if c in frame.column_names
+    ]
     columns = frame.select_columns(wanted).to_dict()
     messages = columns[prompt_key]
     reward_models = columns["reward_model"]
@@ -121,7 +128,11 @@ def load_prompts(
             logger.warning(
                 "%s: filtered out %d of %d prompts longer than data.max_prompt_length=%d tokens "
                 "(data.filter_overlong_prompts=True; longest %d)",
-                files_key, len(overlong), len(lengths), max_prompt_length, longest,
+                files_key,
+                len(overlong),
+                len(lengths),
+                max_prompt_length,
+                longest,
             )
             print(
                 f"{files_key}: filtered out {len(overlong)} of {len(lengths)} prompts longer than "

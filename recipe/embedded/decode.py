@@ -83,8 +83,14 @@ def _prefill(model, prompts: Sequence[torch.Tensor], pad_id: int, device, logits
     ids, mask = ids.to(device), mask.to(device)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [U, P] real tokens only
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                use_cache=True, logits_to_keep=logits_to_keep)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+    )
     return out.logits, out.past_key_values, mask, mask.sum(-1)
 
 
@@ -111,8 +117,9 @@ def sample(
     eos = eos_ids.to(device)
     ids_chunks, logp_chunks = [], []
     for start in range(0, len(prompts), groups_per_chunk):
-        ids, logp = _sample_chunk(model, prompts[start : start + groups_per_chunk], n, params, max_new_tokens, eos,
-                                  pad_id, device)
+        ids, logp = _sample_chunk(
+            model, prompts[start : start + groups_per_chunk], n, params, max_new_tokens, eos, pad_id, device
+        )
         ids_chunks.append(ids.cpu())
         logp_chunks.append(logp.cpu())
     model.train(was_training)
@@ -169,8 +176,13 @@ def _sample_chunk(model, prompts, n, params, max_new_tokens, eos, pad_id, device
             active, next_tokens = active[keep], next_tokens[keep]
             attention, positions = attention[keep], positions[keep]
             cache.reorder_cache(keep)
-        out = model(input_ids=next_tokens.unsqueeze(-1), attention_mask=attention[:, : width + t + 1],
-                    position_ids=positions + t, past_key_values=cache, use_cache=True)
+        out = model(
+            input_ids=next_tokens.unsqueeze(-1),
+            attention_mask=attention[:, : width + t + 1],
+            position_ids=positions + t,
+            past_key_values=cache,
+            use_cache=True,
+        )
         logits, cache = out.logits[:, -1], out.past_key_values  # [A, V]
     return tokens[:, :steps], log_probs[:, :steps]
 
@@ -267,8 +279,9 @@ def _packed_logits(model, unique, counts, response_ids, pad_id, device) -> torch
     if torch.is_autocast_enabled(device.type):
         dtype = torch.get_autocast_dtype(device.type)
     additive = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    logits = model(input_ids=ids, attention_mask=additive.unsqueeze(1), position_ids=positions,
-                   use_cache=False).logits  # [U, S, V]
+    logits = model(
+        input_ids=ids, attention_mask=additive.unsqueeze(1), position_ids=positions, use_cache=False
+    ).logits  # [U, S, V]
     predictors = torch.cat([(lengths[row] - 1).unsqueeze(-1), cols], dim=1)  # [N, T] column predicting token t
     return logits[row.unsqueeze(-1), predictors]  # [N, T, V]
 
@@ -285,8 +298,9 @@ def _cached_logits(model, unique, counts, response_ids, response_mask, pad_id, d
         inputs = response_ids[:, :-1]  # [N, T-1]
         attention = torch.cat([prompt_mask, response_mask[:, :-1]], dim=1)  # [N, P+T-1]
         positions = lengths.repeat_interleave(counts).unsqueeze(-1) + torch.arange(inputs.shape[1], device=device)
-        rest = model(input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                     use_cache=True).logits  # [N, T-1, V]
+        rest = model(
+            input_ids=inputs, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
+        ).logits  # [N, T-1, V]
         logits = torch.cat([logits, rest], dim=1)  # [N, T, V] position t predicts response token t
     return logits
 
@@ -304,6 +318,12 @@ def _repeat_cache(cache, counts: torch.Tensor) -> None:
 def batched_shared_log_probs(model, prompts, response_ids, response_mask, *, temperature, pad_id, micro_batch_size):
     """:func:`shared_prompt_log_probs` in chunks of ``micro_batch_size`` rows, without gradients, on the CPU."""
     return batched_log_probs(
-        model, prompts, response_ids, response_mask, temperature=temperature, pad_id=pad_id,
-        micro_batch_size=micro_batch_size, log_prob_fn=shared_prompt_log_probs,
+        model,
+        prompts,
+        response_ids,
+        response_mask,
+        temperature=temperature,
+        pad_id=pad_id,
+        micro_batch_size=micro_batch_size,
+        log_prob_fn=shared_prompt_log_probs,
     )

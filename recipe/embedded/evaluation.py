@@ -32,7 +32,9 @@ def score_responses(score_fn, tokenizer, response_ids, response_mask, sources, t
 @torch.no_grad()
 def validate(c: EngineConfig, policy: Policy, val_set: PromptSet, score_fn, step: int) -> dict[str, float]:
     """mean@k accuracy and score per data source at ``rollout.val_kwargs`` (verl's ``val-core`` / ``val-aux``)."""
-    params = SamplingParams(c.rollout.val_do_sample, c.rollout.val_temperature, c.rollout.val_top_p, c.rollout.val_top_k)
+    params = SamplingParams(
+        c.rollout.val_do_sample, c.rollout.val_temperature, c.rollout.val_top_p, c.rollout.val_top_k
+    )
     chunk = c.data.val_batch_size or len(val_set)
     devices = [policy.device] if policy.device.type == "cuda" else []
     scores, accs, lengths = [], [], []
@@ -41,15 +43,24 @@ def validate(c: EngineConfig, policy: Policy, val_set: PromptSet, score_fn, step
         for start in range(0, len(val_set), chunk):
             rows = range(start, min(start + chunk, len(val_set)))
             response_ids, response_mask, _ = sample(
-                policy.sampler(), [val_set.prompt_ids[i] for i in rows], n=c.rollout.val_n, params=params,
-                max_new_tokens=c.data.max_response_length, eos_ids=policy.eos_ids, pad_id=policy.pad_id,
+                policy.sampler(),
+                [val_set.prompt_ids[i] for i in rows],
+                n=c.rollout.val_n,
+                params=params,
+                max_new_tokens=c.data.max_response_length,
+                eos_ids=policy.eos_ids,
+                pad_id=policy.pad_id,
                 max_num_seqs=c.rollout.max_num_seqs,
             )
             scored = score_responses(
-                score_fn, policy.tokenizer, response_ids, response_mask,
+                score_fn,
+                policy.tokenizer,
+                response_ids,
+                response_mask,
                 [val_set.data_sources[i] for i in rows for _ in range(c.rollout.val_n)],
                 [val_set.ground_truths[i] for i in rows for _ in range(c.rollout.val_n)],
-                [val_set.extra_infos[i] for i in rows for _ in range(c.rollout.val_n)], c.reward.kwargs,
+                [val_set.extra_infos[i] for i in rows for _ in range(c.rollout.val_n)],
+                c.reward.kwargs,
             )
             scores.append(scored["score"])
             accs.append(scored["acc"].float())

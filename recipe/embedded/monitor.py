@@ -23,19 +23,31 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 PLOTS = {  # file name -> (title, [(y-axis label, metric names drawn), ...]: one panel each, sharing the step axis)
-    "reward_accuracy.png": ("reward and accuracy", [
-        ("score, -1 wrong / +1 right (-1 to 1)", ("critic/score/mean",)),
-        ("accuracy, fraction right (0 to 1)", ("train/acc/mean", "val-core/*")),
-    ]),
+    "reward_accuracy.png": (
+        "reward and accuracy",
+        [
+            ("score, -1 wrong / +1 right (-1 to 1)", ("critic/score/mean",)),
+            ("accuracy, fraction right (0 to 1)", ("train/acc/mean", "val-core/*")),
+        ],
+    ),
     "entropy.png": ("policy entropy", [("entropy (nats per token)", ("actor/entropy",))]),
     "response_length.png": ("response length", [("length (tokens)", ("response_length/mean", "response_length/max"))]),
-    "truncation_clipping.png": ("overlong responses and clipped tokens", [
-        ("fraction of responses (0 to 1)", ("dapo/overlong_frac", "response_length/clip_ratio")),
-        ("fraction of tokens clipped (0 to 1)", ("dapo/clipfrac_high", "dapo/clipfrac_low", "actor/dapo/clipfrac_*")),
-    ]),
-    "kept_group_frac.png": ("dynamic sampling: kept-group fraction", [
-        ("kept groups / generated groups (0 to 1)", ("dapo/kept_group_frac",)),
-    ]),
+    "truncation_clipping.png": (
+        "overlong responses and clipped tokens",
+        [
+            ("fraction of responses (0 to 1)", ("dapo/overlong_frac", "response_length/clip_ratio")),
+            (
+                "fraction of tokens clipped (0 to 1)",
+                ("dapo/clipfrac_high", "dapo/clipfrac_low", "actor/dapo/clipfrac_*"),
+            ),
+        ],
+    ),
+    "kept_group_frac.png": (
+        "dynamic sampling: kept-group fraction",
+        [
+            ("kept groups / generated groups (0 to 1)", ("dapo/kept_group_frac",)),
+        ],
+    ),
 }
 
 
@@ -49,8 +61,19 @@ def read_metrics(run_dir: Path) -> list[dict]:
 class Monitor:
     """Metric sinks for one run. ``start_step``: records after it (from a killed run) are dropped on resume."""
 
-    def __init__(self, run_dir: Path, *, loggers, project: str, experiment: str, config: dict, start_step: int,
-                 total_steps: int, progress_bar: bool, wandb_id: str | None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        loggers,
+        project: str,
+        experiment: str,
+        config: dict,
+        start_step: int,
+        total_steps: int,
+        progress_bar: bool,
+        wandb_id: str | None,
+    ) -> None:
         self.run_dir = run_dir
         self.path = run_dir / METRICS_FILE
         kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= start_step] if start_step > 0 else []
@@ -74,11 +97,15 @@ class Monitor:
             offline = why_offline is not None
             if self.wandb_id is None:
                 self.wandb_id = uuid.uuid4().hex[:12]
-            kwargs = dict(project=project, name=experiment, id=self.wandb_id, resume="allow", dir=str(self.run_dir),
-                          config=config)
+            kwargs = dict(
+                project=project, name=experiment, id=self.wandb_id, resume="allow", dir=str(self.run_dir), config=config
+            )
             try:
-                self._wandb = wandb.init(**kwargs, mode="offline" if offline else None,
-                                         settings=wandb.Settings(init_timeout=WANDB_INIT_TIMEOUT_S))
+                self._wandb = wandb.init(
+                    **kwargs,
+                    mode="offline" if offline else None,
+                    settings=wandb.Settings(init_timeout=WANDB_INIT_TIMEOUT_S),
+                )
             except Exception as err:  # noqa: BLE001 - an online start that failed: offline instead
                 if offline:
                     raise
@@ -86,8 +113,10 @@ class Monitor:
                 self._wandb = wandb.init(**kwargs, mode="offline")
             self.wandb_dir = Path(self._wandb.dir).parent
             if offline or os.environ.get("WANDB_MODE") == "offline":
-                print(f"W&B is offline ({why_offline or 'WANDB_MODE=offline'}); upload the run later with: "
-                      f"wandb sync {self.wandb_dir}")
+                print(
+                    f"W&B is offline ({why_offline or 'WANDB_MODE=offline'}); upload the run later with: "
+                    f"wandb sync {self.wandb_dir}"
+                )
         except Exception as err:  # noqa: BLE001 - an unreachable W&B must never stop training
             logger.warning("W&B disabled, training goes on without it: %s", err)
             print(f"warning: W&B disabled ({type(err).__name__}: {err}); metrics still go to {self.path}")
@@ -107,8 +136,14 @@ class Monitor:
     def progress(self, step: int, metrics: dict[str, float]) -> None:
         if self._bar is None:
             return
-        shown = {"acc": "train/acc/mean", "score": "critic/score/mean", "kept": "dapo/kept_group_frac",
-                 "len": "response_length/mean", "ent": "actor/entropy", "clip": "actor/pg_clipfrac"}
+        shown = {
+            "acc": "train/acc/mean",
+            "score": "critic/score/mean",
+            "kept": "dapo/kept_group_frac",
+            "len": "response_length/mean",
+            "ent": "actor/entropy",
+            "clip": "actor/pg_clipfrac",
+        }
         self._bar.set_postfix({k: f"{metrics[m]:.3g}" for k, m in shown.items() if m in metrics}, refresh=False)
         self._bar.update(step - self._bar.n)
 

@@ -74,12 +74,16 @@ def device_and_dtypes(c: EngineConfig) -> tuple[torch.device, torch.dtype, torch
     else:
         device = torch.device(c.embedded.device)
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"embedded.device={c.embedded.device!r} but no CUDA device is visible; set embedded.device=auto")
+            raise ConfigError(
+                f"embedded.device={c.embedded.device!r} but no CUDA device is visible; set embedded.device=auto"
+            )
     name = c.embedded.dtype
     if name == "auto":
         name = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     if name not in ("float32", "float64", "bfloat16", "float16"):
-        raise ConfigError(f"embedded.dtype must be auto, float32, float64, bfloat16 or float16; got {c.embedded.dtype!r}")
+        raise ConfigError(
+            f"embedded.dtype must be auto, float32, float64, bfloat16 or float16; got {c.embedded.dtype!r}"
+        )
     if name == "float64":
         return device, torch.float64, None
     if name == "float32":
@@ -112,7 +116,14 @@ def load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
     elif c.model.path is not None:
         model_dir, tokenizer_dir = c.model.path, c.model.tokenizer_path or c.model.path
     else:
-        model_dir = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=device, progress_bar=c.embedded.progress_bar)
+        model_dir = warm_model(
+            c.embedded.cache_dir,
+            c.embedded.task,
+            c.embedded.tiny_model,
+            c.embedded.warmup,
+            device=device,
+            progress_bar=c.embedded.progress_bar,
+        )
         tokenizer_dir = model_dir
     try:
         tokenizer = load_tokenizer(tokenizer_dir, c.model.trust_remote_code)
@@ -154,7 +165,9 @@ def load_tokenizer(path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     config = Path(path) / "tokenizer_config.json"
-    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in ("TokenizersBackend",
-                                                                                        "PreTrainedTokenizerFast"):
+    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in (
+        "TokenizersBackend",
+        "PreTrainedTokenizerFast",
+    ):
         return PreTrainedTokenizerFast.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -139,7 +139,14 @@ def sequence_log_probs(
 
 @torch.no_grad()
 def batched_log_probs(
-    model, prompts, response_ids, response_mask, *, temperature, pad_id, micro_batch_size,
+    model,
+    prompts,
+    response_ids,
+    response_mask,
+    *,
+    temperature,
+    pad_id,
+    micro_batch_size,
     log_prob_fn=sequence_log_probs,
 ):
     """``log_prob_fn`` (:func:`sequence_log_probs` or ``decode.shared_prompt_log_probs``) in chunks of

@@ -126,8 +126,10 @@ class StepsAdditionTask:
         seen: set[tuple[int, int]] = set()
         pairs = []
         while len(pairs) < wanted:
-            a, b = (rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
-                    for d in (rng.randint(1, self.digits), rng.randint(1, self.digits)))
+            a, b = (
+                rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
+                for d in (rng.randint(1, self.digits), rng.randint(1, self.digits))
+            )
             if (a, b) not in seen:
                 seen.add((a, b))
                 pairs.append((a, b))
@@ -136,8 +138,9 @@ class StepsAdditionTask:
     def rows(self, split: str) -> list[dict]:
         pairs = self.problems()
         chosen = pairs[: self.val_size] if split == "val" else pairs[self.val_size :]
-        return [_addition_row(index, split, a, b, solution=worked_solution(a, b))
-                for index, (a, b) in enumerate(chosen)]
+        return [
+            _addition_row(index, split, a, b, solution=worked_solution(a, b)) for index, (a, b) in enumerate(chosen)
+        ]
 
     write_parquet = AdditionTask.write_parquet
 
@@ -219,8 +222,13 @@ class ChainTask:
         chains = self.problems()
         chosen = chains[: self.val_size] if split == "val" else chains[self.val_size :]
         return [
-            _row(index, split, f"What is {start}{''.join(f'{x:+d}' for x in operands)}?", start + sum(operands),
-                 solution=chain_solution(start, operands))
+            _row(
+                index,
+                split,
+                f"What is {start}{''.join(f'{x:+d}' for x in operands)}?",
+                start + sum(operands),
+                solution=chain_solution(start, operands),
+            )
             for index, (start, operands) in enumerate(chosen)
         ]
 
@@ -286,8 +294,16 @@ def build_tokenizer(task, corpus_size: int = 2000):
     )
 
 
-def build_model(tokenizer, *, hidden_size: int, intermediate_size: int, num_hidden_layers: int,
-                num_attention_heads: int, num_key_value_heads: int, max_position_embeddings: int):
+def build_model(
+    tokenizer,
+    *,
+    hidden_size: int,
+    intermediate_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    max_position_embeddings: int,
+):
     """A randomly initialised Qwen2 causal LM sized for two CPU cores (call ``torch.manual_seed`` first)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

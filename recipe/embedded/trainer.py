@@ -205,10 +205,15 @@ class EmbeddedTrainer:
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.monitor = Monitor(
-            self.run_dir, loggers=c.trainer.logger, project=c.trainer.project_name,
-            experiment=c.trainer.experiment_name, start_step=self.start_step, total_steps=self.total_steps,
+            self.run_dir,
+            loggers=c.trainer.logger,
+            project=c.trainer.project_name,
+            experiment=c.trainer.experiment_name,
+            start_step=self.start_step,
+            total_steps=self.total_steps,
             config=OmegaConf.to_container(self.cfg, resolve=True, throw_on_missing=False),
-            progress_bar=c.embedded.progress_bar, wandb_id=wandb_id,
+            progress_bar=c.embedded.progress_bar,
+            wandb_id=wandb_id,
         )
         return True
 
@@ -249,10 +254,18 @@ class EmbeddedTrainer:
         return validate(self.c, self.policy, self.val_data, self.score_fn, step=step)
 
     def save(self, step: int) -> None:
-        state = checkpoint.training_state(step, self.optimizer, self.scheduler, self.stream, self.filler,
-                                          self.monitor.wandb_id)
-        checkpoint.save_checkpoint(self.run_dir, step, self.policy.model, self.policy.tokenizer, state,
-                                   self.c.trainer.max_ckpt_to_keep, identity=self.identity)
+        state = checkpoint.training_state(
+            step, self.optimizer, self.scheduler, self.stream, self.filler, self.monitor.wandb_id
+        )
+        checkpoint.save_checkpoint(
+            self.run_dir,
+            step,
+            self.policy.model,
+            self.policy.tokenizer,
+            state,
+            self.c.trainer.max_ckpt_to_keep,
+            identity=self.identity,
+        )
 
     # ================================================================================================ cleanup
     def cleanup(self) -> None:
@@ -290,8 +303,9 @@ class EmbeddedTrainer:
         return _collate(groups, self.policy.pad_id)
 
     def _compute_advantage(self, batch: dict, metrics: dict) -> dict:
-        advantages = group_advantages(batch["reward"], self.c.rollout.n,
-                                      norm_adv_by_std_in_grpo=self.c.algorithm.norm_adv_by_std_in_grpo)  # [N]
+        advantages = group_advantages(
+            batch["reward"], self.c.rollout.n, norm_adv_by_std_in_grpo=self.c.algorithm.norm_adv_by_std_in_grpo
+        )  # [N]
         return {**batch, "advantages": advantages.unsqueeze(-1) * batch["response_mask"]}  # [N, T]
 
     def _compute_loss_mask(self, batch: dict, metrics: dict) -> dict:
@@ -309,9 +323,11 @@ class EmbeddedTrainer:
         if self.filler is None:  # filter_groups.enable=False: one round, every group trained
             indices = [self.stream.next() for _ in range(c.data.train_batch_size)]
             round_ = self.rollout(indices)
-            return self.payloads(round_, list(range(len(indices)))), \
-                {"train/num_gen_batches": 1.0, "dapo/generated_prompts": float(len(indices))}, \
-                round_.acc.float().mean().item()
+            return (
+                self.payloads(round_, list(range(len(indices)))),
+                {"train/num_gen_batches": 1.0, "dapo/generated_prompts": float(len(indices))},
+                round_.acc.float().mean().item(),
+            )
 
         self.filler.begin_step(step)
         while not self.filler.done:
@@ -319,8 +335,11 @@ class EmbeddedTrainer:
             round_ = self.rollout(indices)
             acc_sum, acc_count = acc_sum + round_.acc.float().sum().item(), acc_count + round_.acc.numel()
             try:  # the filler keeps the groups with mixed accuracy; their payloads (log-probs) are built for those only
-                self.filler.add_round(lambda kept, r=round_: self.payloads(r, kept),
-                                      round_.filter_values(c.dapo.filter.metric), [self.data.keys[i] for i in indices])
+                self.filler.add_round(
+                    lambda kept, r=round_: self.payloads(r, kept),
+                    round_.filter_values(c.dapo.filter.metric),
+                    [self.data.keys[i] for i in indices],
+                )
             except ValueError as err:
                 raise ConfigError(f"step {step}: {err}") from None
         groups, sampling_metrics = self.filler.end_step()
@@ -343,19 +362,39 @@ class EmbeddedTrainer:
         c, policy = self.c, self.policy
         prompts = [self.data.prompt_ids[i] for i in indices]
         response_ids, response_mask, rollout_log_prob = sample(  # no gradients: sample is @torch.no_grad
-            policy.sampler(), prompts, n=c.rollout.n, params=self.sampling, max_new_tokens=c.data.max_response_length,
-            eos_ids=policy.eos_ids, pad_id=policy.pad_id, max_num_seqs=c.rollout.max_num_seqs,
+            policy.sampler(),
+            prompts,
+            n=c.rollout.n,
+            params=self.sampling,
+            max_new_tokens=c.data.max_response_length,
+            eos_ids=policy.eos_ids,
+            pad_id=policy.pad_id,
+            max_num_seqs=c.rollout.max_num_seqs,
         )  # [B*G, T] each
         with _timer(self.timing, "timing_s/reward", add=True):
             scored = score_responses(
-                self.score_fn, policy.tokenizer, response_ids, response_mask,
-                *([column[i] for i in indices for _ in range(c.rollout.n)]
-                  for column in (self.data.data_sources, self.data.ground_truths, self.data.extra_infos)),
+                self.score_fn,
+                policy.tokenizer,
+                response_ids,
+                response_mask,
+                *(
+                    [column[i] for i in indices for _ in range(c.rollout.n)]
+                    for column in (self.data.data_sources, self.data.ground_truths, self.data.extra_infos)
+                ),
                 c.reward.kwargs,
             )
         truncated = truncated_responses(response_ids, response_mask, policy.eos_ids)  # [B*G]
-        return _Round(prompts, response_ids, response_mask, scored["score"], scored["acc"],
-                      self.length_penalty(response_mask), truncated, rollout_log_prob, c.rollout.n)
+        return _Round(
+            prompts,
+            response_ids,
+            response_mask,
+            scored["score"],
+            scored["acc"],
+            self.length_penalty(response_mask),
+            truncated,
+            rollout_log_prob,
+            c.rollout.n,
+        )
 
     def length_penalty(self, response_mask: torch.Tensor) -> torch.Tensor:
         """[DAPO 4] soft overlong punishment (paper Eq. 13) per response ``[B*G]``; zeros when off."""
@@ -363,7 +402,9 @@ class EmbeddedTrainer:
         if not overlong.buffer_enable:
             return torch.zeros(response_mask.shape[0])
         return overlong_penalty(
-            response_mask.sum(-1), max_resp_len=overlong.max_resp_len, overlong_buffer_len=overlong.buffer_len,
+            response_mask.sum(-1),
+            max_resp_len=overlong.max_resp_len,
+            overlong_buffer_len=overlong.buffer_len,
             penalty_factor=overlong.penalty_factor,
         )
 
@@ -376,25 +417,31 @@ class EmbeddedTrainer:
         if rows and not c.algorithm.bypass_mode:  # recomputed by a forward pass, as verl does by default
             with policy.autocast(), _timer(self.timing, "timing_s/old_log_prob", add=True):
                 old_log_prob[rows] = batched_shared_log_probs(
-                    policy.model, [r.prompts[row // c.rollout.n] for row in rows], r.response_ids[rows],
-                    r.response_mask[rows], temperature=c.rollout.temperature, pad_id=policy.pad_id,
+                    policy.model,
+                    [r.prompts[row // c.rollout.n] for row in rows],
+                    r.response_ids[rows],
+                    r.response_mask[rows],
+                    temperature=c.rollout.temperature,
+                    pad_id=policy.pad_id,
                     micro_batch_size=c.rollout.log_prob_micro_batch_size,
                 )
         out = []
         for g in groups:
             span = slice(g * c.rollout.n, (g + 1) * c.rollout.n)
             width = int(r.response_mask[span].sum(-1).max())
-            out.append({  # cloned: a payload must not pin the whole round's storage (it may be checkpointed)
-                "prompt_ids": r.prompts[g].clone(),
-                "response_ids": r.response_ids[span, :width].clone(),
-                "response_mask": r.response_mask[span, :width].clone(),
-                "old_log_prob": old_log_prob[span, :width].clone(),
-                "score": r.score[span].clone(),
-                "acc": r.acc[span].clone(),
-                "penalty": r.penalty[span].clone(),
-                "reward": r.reward[span].clone(),
-                "truncated": r.truncated[span].clone(),
-            })
+            out.append(
+                {  # cloned: a payload must not pin the whole round's storage (it may be checkpointed)
+                    "prompt_ids": r.prompts[g].clone(),
+                    "response_ids": r.response_ids[span, :width].clone(),
+                    "response_mask": r.response_mask[span, :width].clone(),
+                    "old_log_prob": old_log_prob[span, :width].clone(),
+                    "score": r.score[span].clone(),
+                    "acc": r.acc[span].clone(),
+                    "penalty": r.penalty[span].clone(),
+                    "reward": r.reward[span].clone(),
+                    "truncated": r.truncated[span].clone(),
+                }
+            )
         return out
 
     # ---------------------------------------------------------------- [DAPO 1, 3] the policy update
@@ -404,8 +451,11 @@ class EmbeddedTrainer:
         mini = c.actor.ppo_mini_batch_size * c.rollout.n  # responses
         num_rows = batch["response_ids"].shape[0]
         self.policy.model.train()
-        records = [self._mini_batch_step(batch, slice(start, start + mini))
-                   for _ in range(c.actor.ppo_epochs) for start in range(0, num_rows, mini)]
+        records = [
+            self._mini_batch_step(batch, slice(start, start + mini))
+            for _ in range(c.actor.ppo_epochs)
+            for start in range(0, num_rows, mini)
+        ]
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.sync_sampler()  # the next rollout samples with the updated weights
         metrics.update(mean_metrics(records))
@@ -433,28 +483,43 @@ class EmbeddedTrainer:
         losses = [record.pop("_loss") for record in micro_records]
         return {**mean_metrics(micro_records), "actor/pg_loss": sum(losses), "actor/grad_norm": grad_norm.item()}
 
-    def _micro_batch_backward(self, batch: dict, rows: slice, batch_num_tokens: torch.Tensor,
-                              global_batch_size: int) -> dict[str, float]:
+    def _micro_batch_backward(
+        self, batch: dict, rows: slice, batch_num_tokens: torch.Tensor, global_batch_size: int
+    ) -> dict[str, float]:
         """Forward, the policy loss of micro-batch ``rows`` and its backward; return its metrics."""
         c, policy, settings = self.c, self.policy, self.c.dapo.loss
         width = int(batch["response_mask"][rows].sum(-1).max())  # the micro-batch's own length
         with policy.autocast():
             log_prob, entropy = shared_prompt_log_probs(
-                policy.model, batch["prompt_ids"][rows], batch["response_ids"][rows, :width],
-                batch["response_mask"][rows, :width], temperature=c.rollout.temperature, pad_id=policy.pad_id,
-                with_entropy=True, entropy_grad=c.actor.entropy_coeff != 0,
+                policy.model,
+                batch["prompt_ids"][rows],
+                batch["response_ids"][rows, :width],
+                batch["response_mask"][rows, :width],
+                temperature=c.rollout.temperature,
+                pad_id=policy.pad_id,
+                with_entropy=True,
+                entropy_grad=c.actor.entropy_coeff != 0,
             )  # [n, T'] each
         device = log_prob.device
         mask = batch["loss_mask"][rows, :width].to(device)  # [n, T']
         # [DAPO 1] decoupled clip: clip_ratio_low / clip_ratio_high
         loss, record = LOSS_MODES[settings.loss_mode](  # actor.policy_loss.loss_mode
-            log_prob, batch["old_log_prob"][rows, :width].to(device), batch["advantages"][rows, :width].to(device),
-            mask, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size, **settings.loss_kwargs(),
+            log_prob,
+            batch["old_log_prob"][rows, :width].to(device),
+            batch["advantages"][rows, :width].to(device),
+            mask,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=global_batch_size,
+            **settings.loss_kwargs(),
         )
         if c.actor.entropy_coeff != 0:
             loss = loss - c.actor.entropy_coeff * aggregate_loss(
-                entropy, mask, settings.loss_agg_mode, batch_num_tokens=batch_num_tokens,
-                global_batch_size=global_batch_size, loss_scale_factor=settings.loss_scale_factor,
+                entropy,
+                mask,
+                settings.loss_agg_mode,
+                batch_num_tokens=batch_num_tokens,
+                global_batch_size=global_batch_size,
+                loss_scale_factor=settings.loss_scale_factor,
             )
         loss.backward()
         response_mask = batch["response_mask"][rows, :width].to(device)
@@ -521,17 +586,32 @@ def _load_data(c: EngineConfig, tokenizer) -> tuple[PromptSet, PromptSet]:
     if c.data.train_files is None or c.data.val_files is None:
         task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
     common = dict(
-        prompt_key=c.data.prompt_key, reward_fn_key=c.data.reward_fn_key, max_prompt_length=c.data.max_prompt_length,
-        filter_overlong_prompts=c.data.filter_overlong_prompts, truncation=c.data.truncation, seed=c.data.seed,
+        prompt_key=c.data.prompt_key,
+        reward_fn_key=c.data.reward_fn_key,
+        max_prompt_length=c.data.max_prompt_length,
+        filter_overlong_prompts=c.data.filter_overlong_prompts,
+        truncation=c.data.truncation,
+        seed=c.data.seed,
         apply_chat_template_kwargs=c.data.apply_chat_template_kwargs,
     )
-    train = load_prompts(c.data.train_files or [str(task_dir / "train.parquet")], tokenizer, files_key="data.train_files",
-                         max_samples=c.data.train_max_samples, **common)
-    val = load_prompts(c.data.val_files or [str(task_dir / "val.parquet")], tokenizer, files_key="data.val_files",
-                       max_samples=c.data.val_max_samples, **common)
+    train = load_prompts(
+        c.data.train_files or [str(task_dir / "train.parquet")],
+        tokenizer,
+        files_key="data.train_files",
+        max_samples=c.data.train_max_samples,
+        **common,
+    )
+    val = load_prompts(
+        c.data.val_files or [str(task_dir / "val.parquet")],
+        tokenizer,
+        files_key="data.val_files",
+        max_samples=c.data.val_max_samples,
+        **common,
+    )
     if len(train) < c.data.gen_batch_size:
         raise ConfigError(
-            f"data.train_files has {len(train)} usable prompts, fewer than data.gen_batch_size={c.data.gen_batch_size}; "
+            f"data.train_files has {len(train)} usable prompts, fewer than "
+            f"data.gen_batch_size={c.data.gen_batch_size}; "
             "use more data or a smaller data.gen_batch_size"
         )
     return train, val

@@ -28,13 +28,23 @@ _CACHE_VERSION = 1  # bump when the recipe of the cached artefacts changes
 TASK_DEFAULTS = {"name": "addition", "digits": 2, "val_size": 256, "seed": 0}
 TASKS = {  # embedded.task.name -> (task class, its settings' defaults)
     "addition": (AdditionTask, TASK_DEFAULTS),
-    "addition_steps": (StepsAdditionTask, {"name": "addition_steps", "digits": 3, "val_size": 256, "train_size": 4000,
-                                           "seed": 0}),
-    "chain": (ChainTask, {"name": "chain", "min_steps": 1, "max_steps": 20, "val_size": 256, "train_size": 4000,
-                          "seed": 0}),
+    "addition_steps": (
+        StepsAdditionTask,
+        {"name": "addition_steps", "digits": 3, "val_size": 256, "train_size": 4000, "seed": 0},
+    ),
+    "chain": (
+        ChainTask,
+        {"name": "chain", "min_steps": 1, "max_steps": 20, "val_size": 256, "train_size": 4000, "seed": 0},
+    ),
 }
-MODEL_DEFAULTS = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-                  "num_key_value_heads": 2, "max_position_embeddings": 256}
+MODEL_DEFAULTS = {
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
 WARMUP_DEFAULTS = {"steps": 220, "batch_size": 64, "lr": 2e-3, "seed": 0}
 
 
@@ -73,8 +83,9 @@ def task_files(cache_dir: str, task: dict) -> Path:
     return build_atomically(Path(cache_dir) / "embedded" / f"task-{digest([_CACHE_VERSION, task])}", build)
 
 
-def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device, log=print,
-               progress_bar: bool = True) -> Path:
+def warm_model(
+    cache_dir: str, task: dict, model: dict, warmup: dict, *, device, log=print, progress_bar: bool = True
+) -> Path:
     """The warmed-up tiny model (Hugging Face format, with its tokenizer); built once per settings, then cached.
     ``progress_bar``: a tqdm bar over the warm-up steps while it is built (``embedded.progress_bar``)."""
     task_dir = task_files(cache_dir, task)
@@ -97,8 +108,7 @@ def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device,
         with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
             torch.manual_seed(int(warmup["seed"]))
             policy = build_model(tokenizer, **model).to(device)
-            loss = supervised_warmup(policy, tokenizer, task_dir / "train.parquet", **warmup,
-                                     progress_bar=progress_bar)
+            loss = supervised_warmup(policy, tokenizer, task_dir / "train.parquet", **warmup, progress_bar=progress_bar)
         policy.save_pretrained(out)
         tokenizer.save_pretrained(out)
         seconds = time.perf_counter() - start
@@ -109,8 +119,16 @@ def warm_model(cache_dir: str, task: dict, model: dict, warmup: dict, *, device,
 
 
 def supervised_warmup(
-    model, tokenizer, train_file: Path, *, steps: int, batch_size: int, lr: float, seed: int,
-    progress_bar: bool = False, autocast_dtype: torch.dtype | None = None,
+    model,
+    tokenizer,
+    train_file: Path,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    progress_bar: bool = False,
+    autocast_dtype: torch.dtype | None = None,
 ) -> float:
     """Teacher-forced cross-entropy on the task's solution (``Answer: <ground truth>``, or the worked solution of
     ``addition_steps``) followed by EOS, for random train prompts; the last loss.

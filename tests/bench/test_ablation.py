@@ -35,8 +35,14 @@ def _row_overrides(row: dict) -> list[str]:
 
 def test_rows_are_the_papers_table_in_order():
     names = [name for name, _ in ablation.rows()]
-    assert names == ["naive GRPO", "+ overlong filtering", "+ clip-higher", "+ soft overlong punishment",
-                     "+ token-level loss", "+ dynamic sampling (DAPO)"]
+    assert names == [
+        "naive GRPO",
+        "+ overlong filtering",
+        "+ clip-higher",
+        "+ soft overlong punishment",
+        "+ token-level loss",
+        "+ dynamic sampling (DAPO)",
+    ]
     assert len({ablation.slug(n) for n in names}) == 6
 
 
@@ -65,9 +71,14 @@ def test_every_row_is_a_valid_engine_config_with_its_techniques():
     for _, row in ablation.rows():
         c = read_config(compose(_row_overrides(row), ablation.CONFIG_NAME))
         d = c.dapo
-        seen.append((d.overlong.filter, d.loss.clip_ratio_high, d.overlong.buffer_enable, d.loss.loss_agg_mode,
-                     d.filter.enable))
-        assert c.embedded.task["name"] == "addition_steps" and c.embedded.task["digits"] == 6 and c.data.max_response_length == 56
+        seen.append(
+            (d.overlong.filter, d.loss.clip_ratio_high, d.overlong.buffer_enable, d.loss.loss_agg_mode, d.filter.enable)
+        )
+        assert (
+            c.embedded.task["name"] == "addition_steps"
+            and c.embedded.task["digits"] == 6
+            and c.data.max_response_length == 56
+        )
         assert (d.overlong.max_resp_len, d.overlong.buffer_len) == (56, 12)
     assert seen == [
         (False, 0.2, False, "seq-mean-token-mean", False),
@@ -82,8 +93,13 @@ def test_every_row_is_a_valid_engine_config_with_its_techniques():
 def _records(val: dict[int, float], entropy: float, length: float, generated_prompts: int) -> list[dict]:
     records = [{"step": 0, "val-core/synthetic_addition/acc/mean@4": val[0]}]
     for step in range(1, max(val) + 1):
-        r = {"step": step, "actor/entropy": entropy, "response_length/mean": length,
-             "dapo/generated_prompts": generated_prompts, "dapo/overlong_frac": 0.25}
+        r = {
+            "step": step,
+            "actor/entropy": entropy,
+            "response_length/mean": length,
+            "dapo/generated_prompts": generated_prompts,
+            "dapo/overlong_frac": 0.25,
+        }
         if step in val:
             r["val-core/synthetic_addition/acc/mean@4"] = val[step]
         records.append(r)
@@ -95,8 +111,14 @@ def test_summary_figures_by_hand():
     fast = _records({0: 0.2, 2: 0.5, 4: 0.6}, entropy=0.7, length=12.0, generated_prompts=8)
     never = _records({0: 0.2, 2: 0.2, 4: 0.2}, entropy=0.1, length=9.0, generated_prompts=4)
     names = [name for name, _ in ablation.rows()]
-    results = {names[0]: [slow, fast], names[1]: [fast, fast], names[2]: [never, never],
-               names[3]: [slow, never], names[4]: [slow, slow], names[5]: [never, fast]}
+    results = {
+        names[0]: [slow, fast],
+        names[1]: [fast, fast],
+        names[2]: [never, never],
+        names[3]: [slow, never],
+        names[4]: [slow, slow],
+        names[5]: [never, fast],
+    }
     figures = ablation.summarise(results, target=0.4, train_batch_size=4, n=2)
     assert figures["start_acc"] == pytest.approx(0.2) and figures["target"] == 0.4
     rows = {r["name"]: r for r in figures["rows"]}
@@ -165,68 +187,120 @@ def _summary(name: str, per_seed: dict) -> dict:
 
 def test_verdicts_from_hand_made_summaries():
     names = [name for name, _ in ablation.rows()]
-    base = {"val_acc": [0.50, 0.52, 0.54], "final_entropy": [0.30, 0.32, 0.34], "final_response_length": [20, 21, 22],
-            "final_repeat": [0.10, 0.10, 0.10], "truncated_frac": [0.05, 0.05, 0.05],
-            "acc_drawdown": [0.04, 0.04, 0.04], "steps_to_target_censored": [20, 20, 25]}
+    base = {
+        "val_acc": [0.50, 0.52, 0.54],
+        "final_entropy": [0.30, 0.32, 0.34],
+        "final_response_length": [20, 21, 22],
+        "final_repeat": [0.10, 0.10, 0.10],
+        "truncated_frac": [0.05, 0.05, 0.05],
+        "acc_drawdown": [0.04, 0.04, 0.04],
+        "steps_to_target_censored": [20, 20, 25],
+    }
     row_seeds = [
         base,
         # overlong filtering: accuracy +0.01 in every seed (shown), drawdown -0.02 in every seed (shown)
         {**base, "val_acc": [0.51, 0.53, 0.55], "acc_drawdown": [0.02, 0.02, 0.02]},
         # clip-higher: accuracy unchanged, entropy +0.05 / -0.01 / +0.02 (interval includes 0)
-        {**base, "val_acc": [0.51, 0.53, 0.55], "acc_drawdown": [0.02, 0.02, 0.02],
-         "final_entropy": [0.35, 0.31, 0.36]},
+        {
+            **base,
+            "val_acc": [0.51, 0.53, 0.55],
+            "acc_drawdown": [0.02, 0.02, 0.02],
+            "final_entropy": [0.35, 0.31, 0.36],
+        },
         # soft punishment: truncation up by 0.02 in every seed (the wrong way), accuracy unchanged
-        {**base, "val_acc": [0.51, 0.53, 0.55], "acc_drawdown": [0.02, 0.02, 0.02],
-         "final_entropy": [0.35, 0.31, 0.36], "truncated_frac": [0.07, 0.07, 0.07]},
+        {
+            **base,
+            "val_acc": [0.51, 0.53, 0.55],
+            "acc_drawdown": [0.02, 0.02, 0.02],
+            "final_entropy": [0.35, 0.31, 0.36],
+            "truncated_frac": [0.07, 0.07, 0.07],
+        },
         # token-level loss: accuracy +0.02 (shown), repetition up 0.05 (opposite): mixed
-        {**base, "val_acc": [0.53, 0.55, 0.57], "acc_drawdown": [0.02, 0.02, 0.02],
-         "final_entropy": [0.35, 0.31, 0.36], "truncated_frac": [0.07, 0.07, 0.07], "final_repeat": [0.15] * 3},
+        {
+            **base,
+            "val_acc": [0.53, 0.55, 0.57],
+            "acc_drawdown": [0.02, 0.02, 0.02],
+            "final_entropy": [0.35, 0.31, 0.36],
+            "truncated_frac": [0.07, 0.07, 0.07],
+            "final_repeat": [0.15] * 3,
+        },
         # dynamic sampling: 5 steps sooner in every seed, one of them censored (never reached: budget + 1)
-        {**base, "val_acc": [0.53, 0.55, 0.57], "acc_drawdown": [0.02, 0.02, 0.02],
-         "final_entropy": [0.35, 0.31, 0.36], "truncated_frac": [0.07, 0.07, 0.07], "final_repeat": [0.15] * 3,
-         "steps_to_target_censored": [15, 15, 20]},
+        {
+            **base,
+            "val_acc": [0.53, 0.55, 0.57],
+            "acc_drawdown": [0.02, 0.02, 0.02],
+            "final_entropy": [0.35, 0.31, 0.36],
+            "truncated_frac": [0.07, 0.07, 0.07],
+            "final_repeat": [0.15] * 3,
+            "steps_to_target_censored": [15, 15, 20],
+        },
     ]
     summaries = [_summary(name, seeds) for name, seeds in zip(names, row_seeds)]
     summaries[4]["per_seed"]["steps_to_target"] = [10, 10, None]
     summaries[5]["per_seed"]["steps_to_target"] = [10, 10, None]
     for before, after in zip(summaries, summaries[1:]):
-        after["vs_previous"] = {k: ablation.paired_interval(after["per_seed"][k], before["per_seed"][k])
-                                for k in base}
+        after["vs_previous"] = {k: ablation.paired_interval(after["per_seed"][k], before["per_seed"][k]) for k in base}
     got = {v["technique"]: v for v in ablation.verdicts({"rows": summaries})}
     results = {name: {c["key"]: c["result"] for c in v["checks"]} for name, v in got.items()}
     assert results[names[1]] == {"val_acc": "shown", "acc_drawdown": "shown"}
     assert results[names[2]] == {"val_acc": "not shown", "final_entropy": "not shown"}
     assert results[names[3]] == {"val_acc": "not shown", "truncated_frac": "opposite"}
-    assert results[names[4]] == {"val_acc": "shown", "final_repeat": "opposite", "final_response_length": "not shown",
-                                 "final_entropy": "not shown"}
+    assert results[names[4]] == {
+        "val_acc": "shown",
+        "final_repeat": "opposite",
+        "final_response_length": "not shown",
+        "final_entropy": "not shown",
+    }
     assert results[names[5]] == {"val_acc": "not shown", "steps_to_target_censored": "shown"}
     assert [got[n]["overall"] for n in names[1:]] == ["shown", "not shown", "opposite", "mixed", "shown"]
     assert got[names[5]]["censored_seeds"] == 1 and got[names[4]]["censored_seeds"] == 0
     lines = ablation.verdict_lines(list(got.values()))
     # clip-higher's entropy: differences +0.05, -0.01, +0.02: mean +0.020, sd 0.03, half 4.3027 x 0.03 / sqrt(3)
-    assert "final entropy should rise (Fig. 2b: entropy does not collapse): +0.020 [-0.055, +0.095], not shown" \
+    assert (
+        "final entropy should rise (Fig. 2b: entropy does not collapse): +0.020 [-0.055, +0.095], not shown"
         " (the interval includes 0)" in lines[1]
+    )
     assert lines[4].startswith("- **+ dynamic sampling (DAPO): shown.**") and "1 seed(s) never reached" in lines[4]
 
 
 TINY = [  # a run of seconds: 1-digit operands (one column), the tiny model warmed up for 100 steps to about a third
     # right, so groups are mixed and dynamic sampling fills its batch; 2 steps of 4 prompts
-    "embedded.task.digits=1", "embedded.task.val_size=8", "embedded.task.train_size=24",
-    "embedded.warmup.steps=100", "embedded.warmup.batch_size=32",
-    "data.max_response_length=10", "reward.reward_kwargs.overlong_buffer_cfg.len=3",
-    "data.train_batch_size=4", "data.gen_batch_size=6", "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.rollout.val_kwargs.n=2", f"{ACTOR}.ppo_mini_batch_size=2",
-    f"{ACTOR}.ppo_micro_batch_size_per_gpu=4", f"{ACTOR}.optim.lr_warmup_steps=0",
-    "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
+    "embedded.task.digits=1",
+    "embedded.task.val_size=8",
+    "embedded.task.train_size=24",
+    "embedded.warmup.steps=100",
+    "embedded.warmup.batch_size=32",
+    "data.max_response_length=10",
+    "reward.reward_kwargs.overlong_buffer_cfg.len=3",
+    "data.train_batch_size=4",
+    "data.gen_batch_size=6",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.rollout.val_kwargs.n=2",
+    f"{ACTOR}.ppo_mini_batch_size=2",
+    f"{ACTOR}.ppo_micro_batch_size_per_gpu=4",
+    f"{ACTOR}.optim.lr_warmup_steps=0",
+    "trainer.total_training_steps=2",
+    "trainer.test_freq=2",
+    "trainer.save_freq=2",
 ]
 
 
-def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedded_cache, tmp_path, capsys,
-                                                                          monkeypatch):
+def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedded_cache, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     out, figures_path = tmp_path / "ablation", tmp_path / "figures.json"
-    args = ["--quick", "--seeds", "1", "--jobs", "2", "--out", str(out), "--json", str(figures_path),
-            f"embedded.cache_dir={embedded_cache}", *TINY]
+    args = [
+        "--quick",
+        "--seeds",
+        "1",
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+        str(figures_path),
+        f"embedded.cache_dir={embedded_cache}",
+        *TINY,
+    ]
     assert ablation.main(args) == 0
     printed = capsys.readouterr().out
 
@@ -245,8 +319,17 @@ def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedde
     report = (out / "report.md").read_text()
     assert report.count("\n| ") == 8  # header, rule, six rows
     assert report.count("\n- **+ ") == 5 and "too few seeds" in report
-    plots = ["accuracy", "entropy", "response_length", "repetition", "truncation", "fig2b_clip_higher",
-             "fig4_token_level_loss", "fig5_overlong_filtering", "fig6_dynamic_sampling"]
+    plots = [
+        "accuracy",
+        "entropy",
+        "response_length",
+        "repetition",
+        "truncation",
+        "fig2b_clip_higher",
+        "fig4_token_level_loss",
+        "fig5_overlong_filtering",
+        "fig6_dynamic_sampling",
+    ]
     for name in plots:
         assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"plots/{name}.png" in report
@@ -300,13 +383,33 @@ def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
         overrides = line.split()[3:]
         assert f"{ablation.DEVICE_KEY}=cuda" in overrides
         c = read_config(compose(overrides, ablation.CONFIG_NAME))
-        assert c.embedded.device == "cuda" and c.embedded.tiny_model["hidden_size"] == 256 and c.embedded.num_threads == 2
+        assert (
+            c.embedded.device == "cuda" and c.embedded.tiny_model["hidden_size"] == 256 and c.embedded.num_threads == 2
+        )
     # --quick keeps its small setting on the GPU; a command-line override comes last and wins
-    assert ablation.main(["--print-commands", "--quick", "--device", "cuda", "--seeds", "1", "--out", str(tmp_path),
-                          "trainer.total_training_steps=3"]) == 0
+    assert (
+        ablation.main(
+            [
+                "--print-commands",
+                "--quick",
+                "--device",
+                "cuda",
+                "--seeds",
+                "1",
+                "--out",
+                str(tmp_path),
+                "trainer.total_training_steps=3",
+            ]
+        )
+        == 0
+    )
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dapo-train"))
     c = read_config(compose(line.split()[3:], ablation.CONFIG_NAME))
-    assert c.embedded.device == "cuda" and c.embedded.tiny_model["hidden_size"] == 128 and c.trainer.total_training_steps == 3
+    assert (
+        c.embedded.device == "cuda"
+        and c.embedded.tiny_model["hidden_size"] == 128
+        and c.trainer.total_training_steps == 3
+    )
 
 
 def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_the_longest():
@@ -326,8 +429,15 @@ def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_t
     in_buffer = sum(budget - buffer < n <= budget for n in lengths) / len(lengths)
     assert 0.002 < over < 0.03  # the budget binds for the longest solutions only (6 columns, most of them carried)
     assert 0.15 < in_buffer < 0.40  # the long correct solutions (6 columns) are softly punished
-    prompts = [len(tokenizer(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
-                             add_special_tokens=False)["input_ids"]) for r in spec.rows("train")]
+    prompts = [
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        for r in spec.rows("train")
+    ]
     assert max(prompts) <= cfg.data.max_prompt_length
     assert max(prompts) + budget <= cfg.embedded.tiny_model["max_position_embeddings"]
 
@@ -337,7 +447,9 @@ def test_config_name_picks_the_shared_setting_of_every_run(capsys, tmp_path):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
     assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation_long ") for line in lines)
     c = read_config(compose(lines[0].split()[3:], "ablation_long"))
-    assert c.embedded.task["digits"] == 6 and c.trainer.total_training_steps == 8  # the default setting, --quick's 8 steps
+    assert (
+        c.embedded.task["digits"] == 6 and c.trainer.total_training_steps == 8
+    )  # the default setting, --quick's 8 steps
     assert ablation.main(["--print-commands", "--config-name", "ablation", "--seeds", "1", "--out", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
     assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation ") for line in lines)

@@ -19,8 +19,14 @@ def test_bench_engines_real_model_runs_both_real_model_configs_with_the_same_ove
     overrides = bench_engines.shared_overrides(4, real_model=True)
     embedded = compose(overrides, "embedded_smollm2")
     verl = compose(["+experiment=cpu_smollm2", *overrides], "dapo_trainer")
-    for key in ("trainer.total_training_steps", "trainer.test_freq", "data.val_max_samples", "data.max_response_length",
-                "actor_rollout_ref.model.path", "data.train_files"):
+    for key in (
+        "trainer.total_training_steps",
+        "trainer.test_freq",
+        "data.val_max_samples",
+        "data.max_response_length",
+        "actor_rollout_ref.model.path",
+        "data.train_files",
+    ):
         assert OmegaConf.select(embedded, key) == OmegaConf.select(verl, key), key
     assert embedded.trainer.total_training_steps == 4 and embedded.trainer.save_freq == -1
     assert embedded.data.val_max_samples == 64 and embedded.data.max_response_length == 104
@@ -37,7 +43,10 @@ def test_bench_trl_presets_compose_their_config(preset, tmp_path):
     assert c.trainer.total_training_steps == spec["steps"] and c.trainer.save_freq == spec["eval_every"]
     kwargs = trl_grpo_kwargs(c, str(tmp_path / "trl"), spec["steps"])
     # 8 prompts x 4 responses in micro-batches of 16 (real model), B/b updates per rollout either way
-    assert kwargs["max_steps"] == spec["steps"] * c.data.train_batch_size // c.actor.ppo_mini_batch_size * c.actor.ppo_epochs
+    assert (
+        kwargs["max_steps"]
+        == spec["steps"] * c.data.train_batch_size // c.actor.ppo_mini_batch_size * c.actor.ppo_epochs
+    )
     assert kwargs["max_completion_length"] == c.data.max_response_length
     if preset == "real-model":
         assert c.model.path.endswith("smollm2/run/model") and c.data.max_response_length == 104

@@ -21,17 +21,23 @@ def _lines(path: Path, records: list[dict]) -> Path:
 
 @pytest.fixture
 def runs(tmp_path):
-    embedded = _lines(tmp_path / "embedded", [  # flat records, validation in the step's own record
-        {"step": 0, VAL: 0.5},
-        {"step": 1, "timing_s/step": 40.0, "actor/entropy": 0.3, "dapo/kept_group_frac": 0.5},
-        {"step": 2, "timing_s/step": 50.0, "actor/entropy": 0.2, "dapo/kept_group_frac": 0.25, VAL: 0.6},
-    ])
-    verl = _lines(tmp_path / "verl", [  # verl's file logger: {"step", "data"}; validation after the last step again
-        {"step": 0, "data": {VAL: 0.5}},
-        {"step": 1, "data": {"timing_s/step": 90.0, "actor/entropy": 0.3}},
-        {"step": 2, "data": {"timing_s/step": 70.0, "actor/entropy": 0.25}},
-        {"step": 2, "data": {VAL: 0.55}},
-    ])
+    embedded = _lines(
+        tmp_path / "embedded",
+        [  # flat records, validation in the step's own record
+            {"step": 0, VAL: 0.5},
+            {"step": 1, "timing_s/step": 40.0, "actor/entropy": 0.3, "dapo/kept_group_frac": 0.5},
+            {"step": 2, "timing_s/step": 50.0, "actor/entropy": 0.2, "dapo/kept_group_frac": 0.25, VAL: 0.6},
+        ],
+    )
+    verl = _lines(
+        tmp_path / "verl",
+        [  # verl's file logger: {"step", "data"}; validation after the last step again
+            {"step": 0, "data": {VAL: 0.5}},
+            {"step": 1, "data": {"timing_s/step": 90.0, "actor/entropy": 0.3}},
+            {"step": 2, "data": {"timing_s/step": 70.0, "actor/entropy": 0.25}},
+            {"step": 2, "data": {VAL: 0.55}},
+        ],
+    )
     return embedded, verl
 
 
@@ -54,8 +60,12 @@ def test_summary_table_and_figure(runs, tmp_path, capsys):
     embedded, verl = runs
     figure = tmp_path / "real-model.png"
     out = tmp_path / "summary.json"
-    assert real_model.main(["--run", f"embedded={embedded}", "--run", f"verl={verl}", "--figure", str(figure),
-                            "--json", str(out)]) == 0
+    assert (
+        real_model.main(
+            ["--run", f"embedded={embedded}", "--run", f"verl={verl}", "--figure", str(figure), "--json", str(out)]
+        )
+        == 0
+    )
     figures = json.loads(out.read_text())
     assert figures["embedded"]["train_s"] == 90.0 and figures["verl"]["train_s"] == 160.0
     assert figures["embedded"]["steps"] == 2 and math.isclose(figures["verl"]["rise"], 0.05)

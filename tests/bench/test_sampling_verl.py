@@ -21,8 +21,9 @@ from recipe.dapo.sampler import DynamicSamplingSettings  # noqa: E402
 
 
 def _composed(name: str, tmp_path: Path):
-    return compose(["+experiment=cpu_tiny", *bench.contender_overrides(name, 6, tmp_path / bench.slug(name))],
-                   "dapo_trainer")
+    return compose(
+        ["+experiment=cpu_tiny", *bench.contender_overrides(name, 6, tmp_path / bench.slug(name))], "dapo_trainer"
+    )
 
 
 def _custom_sampler(cfg) -> tuple:
@@ -82,17 +83,47 @@ def _write(path: Path, lines: list[dict]) -> Path:
 
 def test_summary_of_our_sampler(tmp_path):
     val = bench.VAL_KEY_VERL
-    metrics = _write(tmp_path / "m.jsonl", [
-        {"step": 0, "data": {val: 0.25}},
-        # step 1: two rounds of 8 prompts, 5 filtered, 7 kept, 3 of them surplus
-        {"step": 1, "data": {"timing_s/step": 9.0, "dapo/generated_prompts": 16, "train/num_gen_batches": 2,
-                             "dapo/filtered_all_correct": 2, "dapo/filtered_all_wrong": 3, "dapo/surplus_groups": 3}},
-        {"step": 2, "data": {"timing_s/step": 3.0, "dapo/generated_prompts": 8, "train/num_gen_batches": 1,
-                             "dapo/filtered_all_correct": 1, "dapo/filtered_all_wrong": 0, "dapo/surplus_groups": 3}},
-        {"step": 3, "data": {"timing_s/step": 5.0, "dapo/generated_prompts": 8, "train/num_gen_batches": 1,
-                             "dapo/filtered_all_correct": 0, "dapo/filtered_all_wrong": 4, "dapo/surplus_groups": 0}},
-        {"step": 3, "data": {val: 0.5}},  # validation after the last step: a second line for the same step
-    ])
+    metrics = _write(
+        tmp_path / "m.jsonl",
+        [
+            {"step": 0, "data": {val: 0.25}},
+            # step 1: two rounds of 8 prompts, 5 filtered, 7 kept, 3 of them surplus
+            {
+                "step": 1,
+                "data": {
+                    "timing_s/step": 9.0,
+                    "dapo/generated_prompts": 16,
+                    "train/num_gen_batches": 2,
+                    "dapo/filtered_all_correct": 2,
+                    "dapo/filtered_all_wrong": 3,
+                    "dapo/surplus_groups": 3,
+                },
+            },
+            {
+                "step": 2,
+                "data": {
+                    "timing_s/step": 3.0,
+                    "dapo/generated_prompts": 8,
+                    "train/num_gen_batches": 1,
+                    "dapo/filtered_all_correct": 1,
+                    "dapo/filtered_all_wrong": 0,
+                    "dapo/surplus_groups": 3,
+                },
+            },
+            {
+                "step": 3,
+                "data": {
+                    "timing_s/step": 5.0,
+                    "dapo/generated_prompts": 8,
+                    "train/num_gen_batches": 1,
+                    "dapo/filtered_all_correct": 0,
+                    "dapo/filtered_all_wrong": 4,
+                    "dapo/surplus_groups": 0,
+                },
+            },
+            {"step": 3, "data": {val: 0.5}},  # validation after the last step: a second line for the same step
+        ],
+    )
     s = bench.summarize(bench.read_records(metrics), steps=3, train_batch_size=4)
     assert s["gen_per_trained"] == (16 + 8 + 8) / (3 * 4)  # 2.667
     assert s["rounds_per_step"] == (2 + 1 + 1) / 3
@@ -103,11 +134,23 @@ def test_summary_of_our_sampler(tmp_path):
 
 
 def test_summary_of_verls_filter_counts_every_generated_group(tmp_path):
-    metrics = _write(tmp_path / "m.jsonl", [
-        {"step": 1, "data": {"timing_s/step": 2.0, "training/filter_groups/evicted_samples": 6,
-                             "training/filter_groups/discarded_surplus_samples": 2}},
-        {"step": 2, "data": {"timing_s/step": 4.0, "training/rollout_failure/evicted_samples": 1}},  # nothing filtered
-    ])
+    metrics = _write(
+        tmp_path / "m.jsonl",
+        [
+            {
+                "step": 1,
+                "data": {
+                    "timing_s/step": 2.0,
+                    "training/filter_groups/evicted_samples": 6,
+                    "training/filter_groups/discarded_surplus_samples": 2,
+                },
+            },
+            {
+                "step": 2,
+                "data": {"timing_s/step": 4.0, "training/rollout_failure/evicted_samples": 1},
+            },  # nothing filtered
+        ],
+    )
     s = bench.summarize(bench.read_records(metrics), steps=2, train_batch_size=4)
     assert s["gen_per_trained"] == (2 * 4 + 6 + 2 + 1) / (2 * 4)  # trained + evicted + surplus + failed = 17 / 8
     assert s["rounds_per_step"] is None  # verl logs no count of its refill dispatches
@@ -117,10 +160,13 @@ def test_summary_of_verls_filter_counts_every_generated_group(tmp_path):
 
 def test_step_time_mean_counts_the_extra_rounds_the_median_hides(tmp_path):
     times = [9.0, 2.0, 2.0, 8.0]  # step 4 ran a second generation round
-    metrics = _write(tmp_path / "m.jsonl", [
-        {"step": s, "data": {"timing_s/step": t, "training/filter_groups/evicted_samples": 0}}
-        for s, t in enumerate(times, start=1)
-    ])
+    metrics = _write(
+        tmp_path / "m.jsonl",
+        [
+            {"step": s, "data": {"timing_s/step": t, "training/filter_groups/evicted_samples": 0}}
+            for s, t in enumerate(times, start=1)
+        ],
+    )
     s = bench.summarize(bench.read_records(metrics), steps=4, train_batch_size=4)
     assert s["step_s"] == (2.0 + 2.0 + 8.0) / 3 and s["step_s_median"] == 2.0
 

@@ -27,8 +27,9 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SI
 
 def _start(args: list[str], log: Path, module: str = "recipe.cli") -> subprocess.Popen:
     with log.open("w") as sink:
-        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=ENV, stdout=sink,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=REPO, env=ENV, stdout=sink, stderr=subprocess.STDOUT
+        )
 
 
 def _wait(condition, process: subprocess.Popen, log: Path, what: str, timeout: float = 300) -> None:
@@ -48,8 +49,7 @@ def _verl_args(tmp_path: Path, run_dir: Path, *extra: str) -> list[str]:
     parquet = tmp_path / "train.parquet"
     if not parquet.exists():
         pd.DataFrame(AdditionTask(digits=1, val_size=16).rows("train")).to_parquet(parquet, index=False)
-    return [f"data.train_files={parquet}", f"data.val_files={parquet}", f"trainer.default_local_dir={run_dir}",
-            *extra]
+    return [f"data.train_files={parquet}", f"data.val_files={parquet}", f"trainer.default_local_dir={run_dir}", *extra]
 
 
 # ---------------------------------------------------------------------------------------------------- one run, one dir
@@ -62,16 +62,23 @@ def test_a_second_run_in_a_busy_directory_refuses_at_once_on_both_entry_points(t
     args = tiny_run(run_dir, {"trainer.total_training_steps": 5000, "trainer.save_freq": 50, "trainer.test_freq": -1})
     first = _start(args, tmp_path / "first.log")
     try:
-        _wait(lambda: (run_dir / LOCK_FILE).is_file() and (run_dir / LOCK_FILE).read_text(), first,
-              tmp_path / "first.log", "lock")
-        for command in ([sys.executable, "-m", "recipe.cli", *args],
-                        [sys.executable, "-m", "recipe.dapo.main_dapo", *_verl_args(tmp_path, run_dir)]):
+        _wait(
+            lambda: (run_dir / LOCK_FILE).is_file() and (run_dir / LOCK_FILE).read_text(),
+            first,
+            tmp_path / "first.log",
+            "lock",
+        )
+        for command in (
+            [sys.executable, "-m", "recipe.cli", *args],
+            [sys.executable, "-m", "recipe.dapo.main_dapo", *_verl_args(tmp_path, run_dir)],
+        ):
             started = time.monotonic()
             second = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
             assert second.returncode == 2, second.stderr[-2000:]
             message = second.stderr.strip().splitlines()[-1]
-            assert f"trainer.default_local_dir={str(run_dir)!r} is in use by another run (process {first.pid}" in \
-                message, message
+            assert (
+                f"trainer.default_local_dir={str(run_dir)!r} is in use by another run (process {first.pid}" in message
+            ), message
             assert "Traceback" not in second.stderr and "ray" not in second.stdout.lower()
             assert time.monotonic() - started < 120  # refused before any warm-up, model load or Ray
         assert first.poll() is None, "the first run ended before the second ones were refused: nothing was tested"
@@ -89,8 +96,12 @@ def test_a_second_run_in_a_busy_directory_refuses_at_once_on_both_entry_points(t
 @pytest.mark.slow
 def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(tiny_run, tmp_path):
     steps = 5
-    extra = {"trainer.total_training_steps": steps, "trainer.save_freq": 1, "trainer.test_freq": -1,
-             "trainer.val_before_train": False}
+    extra = {
+        "trainer.total_training_steps": steps,
+        "trainer.save_freq": 1,
+        "trainer.test_freq": -1,
+        "trainer.val_before_train": False,
+    }
     reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
     assert cli.main(tiny_run(reference_dir, extra)) == 0
     log = tmp_path / "first.log"
@@ -104,8 +115,14 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(tiny_r
     assert first.returncode == 130, text[-2000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
     assert f"dapo-train: interrupted; the checkpoints in {run_dir} are kept" in text
-    resumed = subprocess.run([sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)], cwd=REPO, env=ENV,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
     records = read_metrics(run_dir)
@@ -124,8 +141,9 @@ def small_disk(tmp_path):
     allowed (not root)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.strip()}): run as root to test a full disk")
     yield mount
@@ -136,10 +154,20 @@ def small_disk(tmp_path):
 def test_a_full_disk_during_a_checkpoint_is_named_and_never_taken_for_a_checkpoint(tiny_run, tmp_path, small_disk):
     run_dir = small_disk / "run"
     # a checkpoint of the tiny model holds about 12 MiB (weights, tokenizer, AdamW state): 20 MiB fit one
-    extra = {"trainer.total_training_steps": 4, "trainer.save_freq": 1, "trainer.test_freq": -1,
-             "trainer.val_before_train": False}
-    result = subprocess.run([sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)], cwd=REPO, env=ENV,
-                            capture_output=True, text=True, timeout=600)
+    extra = {
+        "trainer.total_training_steps": 4,
+        "trainer.save_freq": 1,
+        "trainer.test_freq": -1,
+        "trainer.val_before_train": False,
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("dapo-train: stopped: saving the step-") and "Traceback" not in result.stderr
@@ -171,16 +199,19 @@ def _scorer(tmp_path: Path, fail: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fail, fragment", [
-    ("raise KeyError('answer')", "raised KeyError: 'answer' on the row data_source="),
-    ("return 'right'", "returned 'right' on the row data_source="),
-    ("return None", "returned None on the row data_source="),
-    ("time.sleep(3600)", "did not return within dapo.reward_timeout_s=2 s on the row data_source="),
-], ids=["raises", "not-a-number", "none", "hangs"])
+@pytest.mark.parametrize(
+    "fail, fragment",
+    [
+        ("raise KeyError('answer')", "raised KeyError: 'answer' on the row data_source="),
+        ("return 'right'", "returned 'right' on the row data_source="),
+        ("return None", "returned None on the row data_source="),
+        ("time.sleep(3600)", "did not return within dapo.reward_timeout_s=2 s on the row data_source="),
+    ],
+    ids=["raises", "not-a-number", "none", "hangs"],
+)
 def test_a_failing_reward_function_stops_the_run_naming_it_and_the_row(tiny_run, tmp_path, capsys, fail, fragment):
     path = _scorer(tmp_path, fail)
-    extra = {"reward.custom_reward_function.path": path, "trainer.val_before_train": False,
-             "dapo.reward_timeout_s": 2}
+    extra = {"reward.custom_reward_function.path": path, "trainer.val_before_train": False, "dapo.reward_timeout_s": 2}
     started = time.monotonic()
     assert cli.main(tiny_run(extra=extra)) == 1
     assert time.monotonic() - started < 120
@@ -193,9 +224,13 @@ def test_a_failing_reward_function_stops_the_run_naming_it_and_the_row(tiny_run,
 def test_a_reward_function_that_hangs_on_the_probe_is_refused_before_ray(tmp_path, capsys):
     path = tmp_path / "scorer.py"
     path.write_text("import time\ndef compute_score(*args, **kwargs):\n    time.sleep(3600)\n")
-    args = ["--config-name", "dapo_trainer", *_verl_args(tmp_path, tmp_path / "run",
-                                                          f"reward.custom_reward_function.path={path}",
-                                                          "dapo.reward_timeout_s=1")]
+    args = [
+        "--config-name",
+        "dapo_trainer",
+        *_verl_args(
+            tmp_path, tmp_path / "run", f"reward.custom_reward_function.path={path}", "dapo.reward_timeout_s=1"
+        ),
+    ]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert f"({path}:compute_score) did not return within dapo.reward_timeout_s=1 s on a probe" in err
@@ -208,8 +243,11 @@ BAD_VALUES = [  # (override, the key the refusal must name, a word of the allowe
     ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature", "> 0"),
     ("actor_rollout_ref.rollout.temperature=hot", "actor_rollout_ref.rollout.temperature", "finite number"),
     ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p", "(0, 1]"),
-    ("actor_rollout_ref.rollout.val_kwargs.temperature=0", "actor_rollout_ref.rollout.val_kwargs.temperature",
-     "do_sample=false"),
+    (
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0",
+        "actor_rollout_ref.rollout.val_kwargs.temperature",
+        "do_sample=false",
+    ),
     ("actor_rollout_ref.rollout.val_kwargs.n=0", "actor_rollout_ref.rollout.val_kwargs.n", "positive integer"),
     ("actor_rollout_ref.rollout.val_kwargs.top_p=0", "actor_rollout_ref.rollout.val_kwargs.top_p", "(0, 1]"),
     ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr", "> 0"),
@@ -259,11 +297,18 @@ def test_the_verl_entry_point_refuses_the_same_value_before_ray(tmp_path, monkey
 
 @pytest.mark.slow
 def test_main_dapo_refuses_a_misspelt_key_and_a_bad_value_with_exit_code_2(tmp_path):
-    for override, expected in (("actor_rollout_ref.rollout.nn=4", "actor_rollout_ref.rollout.nn"),
-                               ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p must be")):
-        result = subprocess.run([sys.executable, "-m", "recipe.dapo.main_dapo",
-                                 *_verl_args(tmp_path, tmp_path / "run", override)],
-                                cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    for override, expected in (
+        ("actor_rollout_ref.rollout.nn=4", "actor_rollout_ref.rollout.nn"),
+        ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p must be"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "recipe.dapo.main_dapo", *_verl_args(tmp_path, tmp_path / "run", override)],
+            cwd=REPO,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 2, result.stderr[-2000:]
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith("main_dapo: error: ") and expected in last, last
@@ -301,8 +346,11 @@ def test_a_model_path_that_does_not_exist_is_refused_on_both_entry_points(tiny_r
     missing = tmp_path / "no-model"
     assert cli.main([*tiny_run(), f"actor_rollout_ref.model.path={missing}"]) == 2
     assert f"cannot load actor_rollout_ref.model.path={str(missing)!r}" in capsys.readouterr().err
-    args = ["--config-name", "dapo_trainer", *_verl_args(tmp_path, tmp_path / "run",
-                                                          f"actor_rollout_ref.model.path={missing}")]
+    args = [
+        "--config-name",
+        "dapo_trainer",
+        *_verl_args(tmp_path, tmp_path / "run", f"actor_rollout_ref.model.path={missing}"),
+    ]
     assert cli.main(args) == 2
     assert f"actor_rollout_ref.model.path={str(missing)!r}: no such directory" in capsys.readouterr().err
 
@@ -315,13 +363,16 @@ def test_an_error_of_ours_from_a_ray_worker_is_found_inside_rays_error():
     from dapo.settings import ConfigError
     from recipe.common.rundir import RunStopped, carried_error
 
-    for error, kind in ((RunStopped("a reward function returned nan"), "stopped"),
-                        (ConfigError("step 3: dynamic sampling has 0 of 4 groups"), "error")):
+    for error, kind in (
+        (RunStopped("a reward function returned nan"), "stopped"),
+        (ConfigError("step 3: dynamic sampling has 0 of 4 groups"), "error"),
+    ):
         try:
             raise error
         except Exception as raised:  # noqa: BLE001
-            wrapped = ray.exceptions.RayTaskError("run", f"Traceback ...\n{type(raised).__name__}: {raised}",
-                                                  raised).as_instanceof_cause()
+            wrapped = ray.exceptions.RayTaskError(
+                "run", f"Traceback ...\n{type(raised).__name__}: {raised}", raised
+            ).as_instanceof_cause()
         assert carried_error(wrapped) == (kind, str(error))
         assert carried_error(RuntimeError(f"remote\n{type(error).__name__}: {error}")) == (kind, str(error))
     assert carried_error(RuntimeError("something else")) is None
@@ -343,14 +394,17 @@ def test_the_verl_resume_takes_the_newest_intact_checkpoint(tmp_path, capsys):
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
     weights = tmp_path / "global_step_2" / "actor" / "model.pt"
     weights.write_bytes(weights.read_bytes()[:1000])
-    config = OmegaConf.create({"trainer": {"resume_mode": "auto", "default_local_dir": str(tmp_path),
-                                           "resume_from_path": None}})
+    config = OmegaConf.create(
+        {"trainer": {"resume_mode": "auto", "default_local_dir": str(tmp_path), "resume_from_path": None}}
+    )
     assert choose_checkpoint(config) == tmp_path / "global_step_1"
     out = capsys.readouterr().out
     assert f"warning: checkpoint {tmp_path / 'global_step_2'} is damaged and skipped: {weights} is damaged" in out
     assert f"resuming from {tmp_path / 'global_step_1'}, the newest intact checkpoint" in out
-    assert (config.trainer.resume_mode, config.trainer.resume_from_path) == ("resume_path",
-                                                                              str(tmp_path / "global_step_1"))
+    assert (config.trainer.resume_mode, config.trainer.resume_from_path) == (
+        "resume_path",
+        str(tmp_path / "global_step_1"),
+    )
     (tmp_path / "global_step_1" / "data.pt").write_bytes(b"")
     config.trainer.resume_mode = "auto"
     with pytest.raises(ConfigError, match="every checkpoint in .* is damaged .*trainer.resume_mode=disable"):

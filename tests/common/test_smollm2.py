@@ -46,14 +46,19 @@ def test_the_wheel_ships_the_gguf_and_the_conversion_repairs_its_end_of_turn(ass
     generation = GenerationConfig.from_pretrained(model_dir)
     assert generation.eos_token_id == generation.pad_token_id == end and not generation.do_sample
     # the chat template ends the assistant's turn with the same token the rollout stops on
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], tokenize=False
+    )
     assert text.endswith(f"yo{END_OF_TURN}\n")
     # and the weights are the model's: it answers a question in words, ending its turn by itself
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**prompt, max_new_tokens=24, do_sample=False)
-    reply = out[0, prompt["input_ids"].shape[1]:]
+    reply = out[0, prompt["input_ids"].shape[1] :]
     assert "Paris" in tokenizer.decode(reply) and end in reply.tolist()
 
 
@@ -95,10 +100,13 @@ def _embedded_overrides(assets: Path, run_dir: Path, **extra) -> list[str]:
     return ["--config-name", "embedded_smollm2", *[f"{k}={v}" for k, v in values.items()]]
 
 
-@pytest.mark.parametrize("dtype", [
-    "auto",  # float32 on a CPU: runs on any x86 machine
-    pytest.param("bfloat16", marks=pytest.mark.skipif(not cpu_has_bf16(), reason="needs a CPU with AVX-512 BF16")),
-])  # bfloat16: what configs/embedded_smollm2.yaml runs, the rollout on the bf16 copy of the policy
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "auto",  # float32 on a CPU: runs on any x86 machine
+        pytest.param("bfloat16", marks=pytest.mark.skipif(not cpu_has_bf16(), reason="needs a CPU with AVX-512 BF16")),
+    ],
+)  # bfloat16: what configs/embedded_smollm2.yaml runs, the rollout on the bf16 copy of the policy
 def test_embedded_engine_trains_two_steps_on_the_real_model(assets, tmp_path, monkeypatch, dtype):
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert cli.main(_embedded_overrides(assets, tmp_path / "run", **{"embedded.dtype": dtype})) == 0
@@ -123,11 +131,22 @@ def test_both_engines_build_the_same_prompt_token_ids(assets):
     from recipe.embedded.policy import load_tokenizer
 
     train = str(assets / "train.parquet")
-    ours = load_prompts([train], load_tokenizer(assets / "model"), files_key="data.train_files", prompt_key="prompt",
-                        reward_fn_key="data_source", max_prompt_length=256, filter_overlong_prompts=False,
-                        truncation="error", max_samples=-1, seed=0, apply_chat_template_kwargs={})
-    builder = create_continuous_token_builder(hf_tokenizer(str(assets / "model")), hf_model_type="llama",
-                                              chat_template_kwargs={})
+    ours = load_prompts(
+        [train],
+        load_tokenizer(assets / "model"),
+        files_key="data.train_files",
+        prompt_key="prompt",
+        reward_fn_key="data_source",
+        max_prompt_length=256,
+        filter_overlong_prompts=False,
+        truncation="error",
+        max_samples=-1,
+        seed=0,
+        apply_chat_template_kwargs={},
+    )
+    builder = create_continuous_token_builder(
+        hf_tokenizer(str(assets / "model")), hf_model_type="llama", chat_template_kwargs={}
+    )
     rows = {r["extra_info"]["index"]: r for r in pd.read_parquet(train).to_dict("records")}
     assert len(ours) == len(rows)
     for ids, extra in zip(ours.prompt_ids, ours.extra_infos):
@@ -149,14 +168,28 @@ def test_a_response_the_model_ends_at_the_budget_is_not_truncated(assets):
     tokenizer = load_tokenizer(assets / "model")
     model = AutoModelForCausalLM.from_pretrained(assets / "model")
     rows = pd.read_parquet(assets / "val.parquet").to_dict("records")[:2]
-    prompts = [torch.tensor(tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True,
-                                                          tokenize=True, return_dict=False)) for r in rows]
+    prompts = [
+        torch.tensor(
+            tokenizer.apply_chat_template(
+                list(r["prompt"]), add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for r in rows
+    ]
     greedy = SamplingParams(do_sample=False, temperature=1.0, top_p=1.0, top_k=0)
     eos = torch.tensor([tokenizer.eos_token_id])
 
     def run(budget):
-        ids, mask, _ = sample(model, prompts, n=1, params=greedy, max_new_tokens=budget, eos_ids=eos,
-                              pad_id=tokenizer.pad_token_id, max_num_seqs=8)
+        ids, mask, _ = sample(
+            model,
+            prompts,
+            n=1,
+            params=greedy,
+            max_new_tokens=budget,
+            eos_ids=eos,
+            pad_id=tokenizer.pad_token_id,
+            max_num_seqs=8,
+        )
         return ids, mask, truncated_responses(ids, mask, eos.tolist())
 
     ids, mask, truncated = run(200)

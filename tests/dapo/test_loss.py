@@ -134,8 +134,13 @@ def _grads(log_prob, old, adv, mask, splits, mode):
     for size in splits:
         rows = slice(start, start + size)
         loss, _ = policy_loss(
-            lp[rows], old[rows], adv[rows], mask[rows],
-            loss_agg_mode=mode, batch_num_tokens=total_tokens, global_batch_size=n_seq,
+            lp[rows],
+            old[rows],
+            adv[rows],
+            mask[rows],
+            loss_agg_mode=mode,
+            batch_num_tokens=total_tokens,
+            global_batch_size=n_seq,
         )
         loss.backward()
         start += size

@@ -84,8 +84,16 @@ def actor_config(mode: str, low: float, high: float, c: float, info: dict):
     """verl's actor config of the 32B experiment with these loss settings, instantiated by verl."""
     from recipe.cli import compose
 
-    cfg = compose(["+experiment=qwen2_5_32b", f"{ACTOR}.policy_loss.loss_mode={mode}", f"{ACTOR}.clip_ratio_low={low}",
-                   f"{ACTOR}.clip_ratio_high={high}", f"{ACTOR}.clip_ratio_c={c}"], "dapo_trainer")
+    cfg = compose(
+        [
+            "+experiment=qwen2_5_32b",
+            f"{ACTOR}.policy_loss.loss_mode={mode}",
+            f"{ACTOR}.clip_ratio_low={low}",
+            f"{ACTOR}.clip_ratio_high={high}",
+            f"{ACTOR}.clip_ratio_c={c}",
+        ],
+        "dapo_trainer",
+    )
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     actor.global_batch_info.clear()
     actor.global_batch_info.update(info)
@@ -104,8 +112,12 @@ def test_table_equals_verl_registry_on_random_inputs(mode, agg, seed):
     lengths = torch.randint(1, t + 1, (n,), generator=gen)
     mask = (torch.arange(t)[None, :] < lengths[:, None]).double()  # [N, T]
     weights = torch.rand(n, t, generator=gen, dtype=torch.float64) + 0.5  # rollout correction
-    info = {"dp_size": 2, "batch_num_tokens": int(mask.sum()) * 2, "global_batch_size": 2 * n,
-            "loss_scale_factor": None}
+    info = {
+        "dp_size": 2,
+        "batch_num_tokens": int(mask.sum()) * 2,
+        "global_batch_size": 2 * n,
+        "loss_scale_factor": None,
+    }
     low, high, c = 0.2, 0.28, 3.0
     if mode == "gspo":  # GSPO's own clip range, so both clipped and unclipped responses occur
         low, high = 3e-2, 4e-2
@@ -115,8 +127,17 @@ def test_table_equals_verl_registry_on_random_inputs(mode, agg, seed):
     theirs, theirs_metrics = get_policy_loss_fn(mode)(old, theirs_lp, adv, mask, agg, actor, weights)
     ours_lp = log_prob.clone().requires_grad_(True)
     ours, ours_metrics = LOSS_MODES[mode](
-        ours_lp, old, adv, mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c, loss_agg_mode=agg,
-        batch_num_tokens=info["batch_num_tokens"], global_batch_size=info["global_batch_size"], dp_size=2,
+        ours_lp,
+        old,
+        adv,
+        mask,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        clip_ratio_c=c,
+        loss_agg_mode=agg,
+        batch_num_tokens=info["batch_num_tokens"],
+        global_batch_size=info["global_batch_size"],
+        dp_size=2,
         rollout_is_weights=weights,
     )
     # float64 inputs, the same formula in another order of operations: 8 x 12 = 96 terms of per-token losses

@@ -15,14 +15,16 @@ def _batch(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Ten
 
 
 def test_repeated_four_grams_by_hand():
-    ids, mask = _batch([
-        [5, 6, 7, 8, 9, 5, 6, 7, 8],  # 5 6 7 8 at 0 and 5: repeats
-        [5, 6, 7, 8, 9, 5, 6, 7, 1],  # 5 6 7 occurs twice, but no 4-gram does
-        [3, 3, 3, 3, 3],  # 3 3 3 3 at 0 and 1 (overlapping): repeats
-        [3, 3, 3, 3],  # one 4-gram only
-        [1, 2, 1, 2, 1, 2],  # 1 2 1 2 at 0 and 2: repeats
-        [4, 9],  # shorter than n
-    ])
+    ids, mask = _batch(
+        [
+            [5, 6, 7, 8, 9, 5, 6, 7, 8],  # 5 6 7 8 at 0 and 5: repeats
+            [5, 6, 7, 8, 9, 5, 6, 7, 1],  # 5 6 7 occurs twice, but no 4-gram does
+            [3, 3, 3, 3, 3],  # 3 3 3 3 at 0 and 1 (overlapping): repeats
+            [3, 3, 3, 3],  # one 4-gram only
+            [1, 2, 1, 2, 1, 2],  # 1 2 1 2 at 0 and 2: repeats
+            [4, 9],  # shorter than n
+        ]
+    )
     # 3 of 6 rows repeat
     assert repeat_ngram_frac(ids, mask, n=4) == pytest.approx(3 / 6)
     # with n = 3 the second row repeats too (5 6 7), and [3, 3, 3, 3] (3 3 3 at 0 and 1): 5 of 6
@@ -47,7 +49,7 @@ def test_agrees_with_a_set_of_tuples_on_random_responses():
     mask = (torch.arange(20) < lengths[:, None]).long()
     expected = []
     for row, length in zip(ids.tolist(), lengths.tolist()):
-        grams = [tuple(row[i:i + 4]) for i in range(length - 3)]
+        grams = [tuple(row[i : i + 4]) for i in range(length - 3)]
         expected.append(len(grams) != len(set(grams)))
     assert 0 < sum(expected) < 64
     assert repeat_ngram_frac(ids, mask) == pytest.approx(sum(expected) / 64)

@@ -56,13 +56,25 @@ def test_policy_loss_equals_verl_vanilla_plus_agg_loss(seed, n, t, mode, low, hi
     log_prob, old, adv, mask = _random_batch(seed, n, t)
     batch_info = {"dp_size": dp_size, "batch_num_tokens": int(mask.sum()) * dp_size, "global_batch_size": n * dp_size}
     config = OmegaConf.create(
-        {"clip_ratio": 0.2, "clip_ratio_low": low, "clip_ratio_high": high, "clip_ratio_c": c,
-         "global_batch_info": batch_info}
+        {
+            "clip_ratio": 0.2,
+            "clip_ratio_low": low,
+            "clip_ratio_high": high,
+            "clip_ratio_c": c,
+            "global_batch_info": batch_info,
+        }
     )
     verl_loss, verl_metrics = core_algos.compute_policy_loss_vanilla(old, log_prob, adv, mask, mode, config)
     ours, metrics = policy_loss(
-        log_prob, old, adv, mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c,
-        loss_agg_mode=mode, **batch_info,
+        log_prob,
+        old,
+        adv,
+        mask,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        clip_ratio_c=c,
+        loss_agg_mode=mode,
+        **batch_info,
     )
     torch.testing.assert_close(ours, verl_loss, rtol=0, atol=_loss_bound(log_prob, old, adv, c, dp_size))
     for key in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"):  # shares of n * t tokens: one token is 1 / (n t)
@@ -77,8 +89,15 @@ def test_policy_loss_equals_verl_with_default_batch_info():
     log_prob, old, adv, mask = _random_batch(0, 8, 12)
     mask[3] = 0.0  # a fully masked sequence is excluded from the sequence count in both
     for mode in MODES:
-        config = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
-                                   "clip_ratio_c": 3.0, "global_batch_info": {}})
+        config = OmegaConf.create(
+            {
+                "clip_ratio": 0.2,
+                "clip_ratio_low": 0.2,
+                "clip_ratio_high": 0.28,
+                "clip_ratio_c": 3.0,
+                "global_batch_info": {},
+            }
+        )
         verl_loss, _ = core_algos.compute_policy_loss_vanilla(old, log_prob, adv, mask, mode, config)
         ours, _ = policy_loss(log_prob, old, adv, mask, loss_agg_mode=mode)
         torch.testing.assert_close(ours, verl_loss, rtol=0, atol=_loss_bound(log_prob, old, adv, 3.0), msg=mode)
@@ -99,13 +118,15 @@ def test_group_advantages_equal_verl_grpo_outcome(seed, groups, group_size, norm
     lengths = torch.randint(1, t + 1, (n,), generator=gen)
     mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
     # discrete +1/-1 scores (DAPO's) produce the constant groups that exercise the epsilon
-    score = (torch.randint(0, 2, (n,), generator=gen) * 2 - 1).double() if discrete \
+    score = (
+        (torch.randint(0, 2, (n,), generator=gen) * 2 - 1).double()
+        if discrete
         else torch.randn(n, generator=gen, dtype=torch.float64)
+    )
     rewards = torch.zeros(n, t, dtype=torch.float64)
     rewards[torch.arange(n), lengths - 1] = score
     index = np.repeat(np.array([f"uid-{i}" for i in range(groups)], dtype=object), group_size)
-    verl_adv, _ = core_algos.compute_grpo_outcome_advantage(rewards.clone(), mask, index,
-                                                              norm_adv_by_std_in_grpo=norm)
+    verl_adv, _ = core_algos.compute_grpo_outcome_advantage(rewards.clone(), mask, index, norm_adv_by_std_in_grpo=norm)
     ours = token_advantages(rewards, mask, group_size, norm_adv_by_std_in_grpo=norm)
     # (s - mean) / (std + 1e-6) over a group of at most 8, a few operations deep; verl computes the group means
     # and stds in float32 (its id2mean tensors), so float32 roundings of values of the advantages' magnitude
@@ -131,10 +152,16 @@ def test_overlong_penalty_equals_verl_reward_loop_dapo_manager(char_tokenizer, m
     from verl import DataProto
     from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
 
-    config = OmegaConf.create({"reward": {"reward_kwargs": {
-        "max_resp_len": max_resp_len,
-        "overlong_buffer_cfg": {"enable": True, "len": buffer_len, "penalty_factor": factor, "log": True},
-    }}})
+    config = OmegaConf.create(
+        {
+            "reward": {
+                "reward_kwargs": {
+                    "max_resp_len": max_resp_len,
+                    "overlong_buffer_cfg": {"enable": True, "len": buffer_len, "penalty_factor": factor, "log": True},
+                }
+            }
+        }
+    )
 
     def zero_score(**_):  # isolate the penalty: the task score is 0
         return {"score": 0.0, "acc": False}
@@ -145,17 +172,23 @@ def test_overlong_penalty_equals_verl_reward_loop_dapo_manager(char_tokenizer, m
         responses = torch.full((1, max_resp_len), 2, dtype=torch.long)
         attention = torch.zeros(1, prompt_len + max_resp_len, dtype=torch.long)
         attention[0, :prompt_len] = 1
-        attention[0, prompt_len:prompt_len + length] = 1
+        attention[0, prompt_len : prompt_len + length] = 1
         data = DataProto.from_dict(
-            tensors={"responses": responses, "attention_mask": attention,
-                     "prompts": torch.full((1, prompt_len), 3, dtype=torch.long)},
-            non_tensors={"data_source": np.array(["math_dapo"], dtype=object),
-                         "reward_model": np.array([{"ground_truth": "1"}], dtype=object),
-                         "extra_info": np.array([{}], dtype=object)},
+            tensors={
+                "responses": responses,
+                "attention_mask": attention,
+                "prompts": torch.full((1, prompt_len), 3, dtype=torch.long),
+            },
+            non_tensors={
+                "data_source": np.array(["math_dapo"], dtype=object),
+                "reward_model": np.array([{"ground_truth": "1"}], dtype=object),
+                "extra_info": np.array([{}], dtype=object),
+            },
         )
         out = manager.loop.run_until_complete(manager.run_single(data))
-        ours = overlong_penalty(torch.tensor([length]), max_resp_len=max_resp_len, overlong_buffer_len=buffer_len,
-                                penalty_factor=factor)
+        ours = overlong_penalty(
+            torch.tensor([length]), max_resp_len=max_resp_len, overlong_buffer_len=buffer_len, penalty_factor=factor
+        )
         # -(exceed / len) * factor: one division and one product of small integers, rounded in float32 by ours
         # (verl's is a python float): at most 2 roundings of a value <= 1
         assert ours.item() == pytest.approx(float(out["reward_score"]), rel=0, abs=2 * EPS32), length

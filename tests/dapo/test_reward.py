@@ -199,9 +199,46 @@ def test_every_aime_row_scores_its_own_answer(aime_truths):
 # Two ways must agree: generated inputs against the paper's scorer and verl's
 # ------------------------------------------------------------------------------------------------
 TOKENS = [
-    "$", "\\$", "\\text{", "\\textbf{", "\\overline{", "\\boxed{", "\\text{m}", "\\text{and}", "{", "}", "{,}",
-    "\n", " ", "\t", "\r", "=", ",", ".", ".$", "\\", "\\ ", "frac", "sqrt", "a ", "an ", "mbox", "units",
-    "^\\circ", "\\!", "[INVALID]", "0", "1", "2", "204", "x", "\u017f", "\u00b2", "\x00", "Answer:", "answer :",
+    "$",
+    "\\$",
+    "\\text{",
+    "\\textbf{",
+    "\\overline{",
+    "\\boxed{",
+    "\\text{m}",
+    "\\text{and}",
+    "{",
+    "}",
+    "{,}",
+    "\n",
+    " ",
+    "\t",
+    "\r",
+    "=",
+    ",",
+    ".",
+    ".$",
+    "\\",
+    "\\ ",
+    "frac",
+    "sqrt",
+    "a ",
+    "an ",
+    "mbox",
+    "units",
+    "^\\circ",
+    "\\!",
+    "[INVALID]",
+    "0",
+    "1",
+    "2",
+    "204",
+    "x",
+    "\u017f",
+    "\u00b2",
+    "\x00",
+    "Answer:",
+    "answer :",
 ]
 token_strings = st.lists(st.sampled_from(TOKENS), max_size=30).map("".join)
 texts = st.one_of(token_strings, st.text(max_size=40))
@@ -217,8 +254,13 @@ def test_normalize_matches_paper(text, verl_math_dapo):
 
 
 @settings(max_examples=400, deadline=None)
-@given(prefix=st.one_of(texts, st.integers(0, 400).map(lambda n: "reasoning step. " * (n // 16))),
-       marker=answer_markers, answer=texts, suffix=texts, truth=texts)
+@given(
+    prefix=st.one_of(texts, st.integers(0, 400).map(lambda n: "reasoning step. " * (n // 16))),
+    marker=answer_markers,
+    answer=texts,
+    suffix=texts,
+    truth=texts,
+)
 def test_default_mode_matches_paper_and_verl(prefix, marker, answer, suffix, truth, verl_math_dapo):
     response = prefix + marker + answer + suffix
     ours = compute_score("math_dapo", response, truth)
@@ -228,9 +270,14 @@ def test_default_mode_matches_paper_and_verl(prefix, marker, answer, suffix, tru
 
 
 @settings(max_examples=400, deadline=None)
-@given(prefix=texts, marker=st.one_of(st.just(""), answer_markers), answer=texts,
-       boxed=st.one_of(st.just(""), texts.map(lambda t: "\\boxed{" + t + "}")), suffix=texts,
-       truth=st.one_of(texts, st.sampled_from(["204", "\\frac{1}{2}", "[INVALID]"])))
+@given(
+    prefix=texts,
+    marker=st.one_of(st.just(""), answer_markers),
+    answer=texts,
+    boxed=st.one_of(st.just(""), texts.map(lambda t: "\\boxed{" + t + "}")),
+    suffix=texts,
+    truth=st.one_of(texts, st.sampled_from(["204", "\\frac{1}{2}", "[INVALID]"])),
+)
 def test_boxed_fallback_matches_verl(prefix, marker, answer, boxed, suffix, truth, verl_math_dapo):
     response = prefix + marker + answer + boxed + suffix
     assert compute_score("math_dapo", response, truth, boxed_fallback=True) == verl_math_dapo.compute_score(
@@ -301,14 +348,20 @@ def test_megabyte_adversarial_input_finishes_quickly(name):
 
 def test_linear_normaliser_agrees_on_long_structured_input(verl_math_dapo):
     # Long enough to exercise every scan, short enough for the paper's quadratic regexes (~0.1 s).
-    text = ("a $b$ c $d\n\\text{x}y\\text{z\n}\\boxed{q}r}s\\boxed{t\nfrac12fracab\nsqrtx = 3,000\n" * 40)
+    text = "a $b$ c $d\n\\text{x}y\\text{z\n}\\boxed{q}r}s\\boxed{t\nfrac12fracab\nsqrtx = 3,000\n" * 40
     assert normalize_final_answer(text) == verl_math_dapo.normalize_final_answer(text)
 
 
 def test_verl_keyword_call_and_extra_kwargs():
     # verl's reward loop: keyword arguments, plus reward_router_address / reward_model_tokenizer when set
-    result = compute_score(data_source="math_dapo", solution_str="Answer: 204", ground_truth="204",
-                           extra_info={"index": 0}, reward_router_address=None, reward_model_tokenizer=None)
+    result = compute_score(
+        data_source="math_dapo",
+        solution_str="Answer: 204",
+        ground_truth="204",
+        extra_info={"index": 0},
+        reward_router_address=None,
+        reward_model_tokenizer=None,
+    )
     assert result == {"score": 1.0, "acc": True, "pred": "204"}
 
 
@@ -319,8 +372,10 @@ def test_unimplemented_verl_knobs_fail_loudly(knob):
 
 
 def test_module_imports_only_the_standard_library():
-    code = ("import sys, dapo.reward; bad = {'verl', 'ray', 'math_verify', 'sympy', 'torch'} & set(sys.modules); "
-            "assert not bad, bad")
+    code = (
+        "import sys, dapo.reward; bad = {'verl', 'ray', 'math_verify', 'sympy', 'torch'} & set(sys.modules); "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
@@ -338,7 +393,10 @@ def math_verify_pool():
 def test_math_verify_upgrades_a_mismatch_only(math_verify_pool):
     # "0.5" vs "\frac{1}{2}": -1 as strings (hand-worked above), equal as numbers
     assert compute_score("math_dapo", "Answer: 0.5", "\\frac{1}{2}", use_math_verify=True) == {
-        "score": 1.0, "acc": True, "pred": "0.5"}
+        "score": 1.0,
+        "acc": True,
+        "pred": "0.5",
+    }
     assert score("Answer: $\\frac{2}{4}$", "0.5", use_math_verify=True) == 1.0
     assert score("Answer: 0.6", "\\frac{1}{2}", use_math_verify=True) == -1.0
     assert score("no answer line, 0.5", "\\frac{1}{2}", use_math_verify=True) == -1.0  # nothing extracted
@@ -379,8 +437,9 @@ def test_pathological_answer_is_slow_without_a_limit():
         f"gold, pred = parse('$1$', parsing_timeout=None), parse('${PATHOLOGICAL}$', parsing_timeout=None)\n"
         "print('parsed', flush=True)\nverify(gold, pred, timeout_seconds=None)\nprint('done', flush=True)\n"
     )
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
         assert process.stdout.readline().strip() == "parsed"  # import + parse done; now time verify alone
         with pytest.raises(subprocess.TimeoutExpired):
@@ -394,8 +453,7 @@ def test_pathological_answer_is_slow_without_a_limit():
 def test_time_limit_bounds_a_pathological_answer(math_verify_pool):
     assert score("Answer: 0.5", "1/2", use_math_verify=True) == 1.0  # start a worker (sympy import) first
     start = time.perf_counter()
-    result = compute_score("math_dapo", f"Answer: {PATHOLOGICAL}", "1", use_math_verify=True,
-                           math_verify_timeout_s=1.0)
+    result = compute_score("math_dapo", f"Answer: {PATHOLOGICAL}", "1", use_math_verify=True, math_verify_timeout_s=1.0)
     elapsed = time.perf_counter() - start
     assert result == {"score": -1.0, "acc": False, "pred": PATHOLOGICAL}
     assert 1.0 <= elapsed < 1.0 + 1.5  # the limit, plus slack for killing the worker on a busy machine

@@ -71,9 +71,11 @@ def test_predicate_rejects_flat_input():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=1, max_size=12).filter(
-    lambda rows: len({len(r) for r in rows}) == 1
-))
+@given(
+    st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=1, max_size=12).filter(
+        lambda rows: len({len(r) for r in rows}) == 1
+    )
+)
 def test_predicate_matches_set_definition(rows):
     # kept <=> the row holds more than one distinct value; the three counts partition the batch
     acc = torch.tensor(rows)
@@ -418,8 +420,13 @@ def _assert_same(a, b):
 @pytest.mark.parametrize("mid_step", [False, True])
 def test_state_survives_torch_save_round_trip(tmp_path, mid_step):
     kwargs = dict(
-        train_batch_size=3, gen_batch_size=9, adaptive=True, carry_over=True, skip_saturated=True,
-        saturation_window=1, reprobe_after=2,
+        train_batch_size=3,
+        gen_batch_size=9,
+        adaptive=True,
+        carry_over=True,
+        skip_saturated=True,
+        saturation_window=1,
+        reprobe_after=2,
     )
     gen = torch.Generator().manual_seed(0)
     outcomes = torch.randint(0, G + 1, (97,), generator=gen)  # correct counts 0..4: many constant groups

@@ -145,8 +145,15 @@ def two_stop_model(tmp_path_factory) -> tuple[Path, int, int]:
     path = tmp_path_factory.mktemp("two-stop-model")
     tokenizer = build_tokenizer(AdditionTask(digits=1, val_size=16), corpus_size=200)
     torch.manual_seed(0)
-    model = build_model(tokenizer, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        num_key_value_heads=1, max_position_embeddings=64)
+    model = build_model(
+        tokenizer,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     second = tokenizer.bos_token_id  # any other token id: the second stop token
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, second]
     model.save_pretrained(path)

@@ -32,8 +32,9 @@ def _error(capsys, overrides) -> str:
 
 def test_misspelt_key_fails_at_once_naming_it_without_traceback():
     # a real process, as the user runs it: composing fails before anything else is imported or built
-    result = subprocess.run([sys.executable, "-m", "recipe.cli", "data.trian_batch_size=8"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "recipe.cli", "data.trian_batch_size=8"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
     assert "dapo-train: error: Could not override 'data.trian_batch_size'" in result.stderr
     assert "Key 'trian_batch_size' is not in struct" in result.stderr
@@ -81,8 +82,12 @@ def test_overlong_prompt_filtered_and_counted(tiny_run, tmp_path, capsys):
     rows = _rows()
     for row in rows[:2]:
         row["prompt"] = [{"role": "user", "content": row["prompt"][0]["content"] + " 1 2 3 4 5 6 7 8 9" * 10}]
-    extra = {"data.train_files": _parquet(tmp_path, rows), "data.filter_overlong_prompts": True,
-             "trainer.total_training_steps": 1, "trainer.val_before_train": False}
+    extra = {
+        "data.train_files": _parquet(tmp_path, rows),
+        "data.filter_overlong_prompts": True,
+        "trainer.total_training_steps": 1,
+        "trainer.val_before_train": False,
+    }
     assert cli.main(tiny_run(extra=extra)) == 0
     assert "filtered out 2 of 65 prompts longer than data.max_prompt_length=32" in capsys.readouterr().out
 
@@ -90,10 +95,15 @@ def test_overlong_prompt_filtered_and_counted(tiny_run, tmp_path, capsys):
 def test_every_group_filtered_for_max_num_gen_batches_rounds(tiny_run, tmp_path, capsys):
     # a scorer that calls every response correct: every group is constant, dynamic sampling can keep none
     scorer = tmp_path / "always_right.py"
-    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return {'score': 1.0, 'acc': True, 'pred': ground_truth}\n")
-    extra = {"reward.custom_reward_function.path": str(scorer), "algorithm.filter_groups.max_num_gen_batches": 2,
-             "trainer.val_before_train": False}
+    scorer.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': 1.0, 'acc': True, 'pred': ground_truth}\n"
+    )
+    extra = {
+        "reward.custom_reward_function.path": str(scorer),
+        "algorithm.filter_groups.max_num_gen_batches": 2,
+        "trainer.val_before_train": False,
+    }
     err = _error(capsys, tiny_run(extra=extra))
     assert "step 1:" in err and "0 of 4 groups" in err and "max_num_gen_batches=2" in err
     assert "12 groups all correct" in err

@@ -21,7 +21,15 @@ def _keys() -> list[str]:
 def test_every_section_field_names_its_key_and_meaning():
     # the configuration reference is generated from these; a field without them would be undocumented
     assert [f.name for f in dataclasses.fields(EngineConfig)][1:] == [
-        "data", "rollout", "actor", "model", "algorithm", "reward", "trainer", "embedded"]
+        "data",
+        "rollout",
+        "actor",
+        "model",
+        "algorithm",
+        "reward",
+        "trainer",
+        "embedded",
+    ]
     for cls in SECTIONS:
         assert dataclasses.fields(cls) and cls.__dataclass_params__.frozen, cls.__name__
         for f in dataclasses.fields(cls):
@@ -35,8 +43,11 @@ def test_every_key_the_engine_reads_is_declared_by_the_shipped_configs(config_na
     # two verl itself reads as optional (the deprecated optim.grad_clip is not a field: clip_grad is)
     plain = OmegaConf.to_container(compose([], config_name), resolve=True, throw_on_missing=False)
     optional = {"reward.custom_reward_function.reward_kwargs"}
-    missing = [key for key in _keys() if key not in optional and select(plain, key, "MISSING") == "MISSING"
-               and not _declared_null(plain, key)]
+    missing = [
+        key
+        for key in _keys()
+        if key not in optional and select(plain, key, "MISSING") == "MISSING" and not _declared_null(plain, key)
+    ]
     assert missing == []
     c = read_config(compose([], config_name))
     for section in ("data", "rollout", "actor", "model", "algorithm", "reward", "trainer", "embedded"):
@@ -62,9 +73,18 @@ def test_a_key_missing_from_the_config_is_refused_naming_it():
 
 
 def test_sections_hold_what_the_config_says():
-    c = read_config(compose(["actor_rollout_ref.rollout.n=8", "data.seed=null", "embedded.seed=3",
-                             "actor_rollout_ref.actor.optim.lr_warmup_steps=-1", "data.train_max_samples=0",
-                             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null"]))
+    c = read_config(
+        compose(
+            [
+                "actor_rollout_ref.rollout.n=8",
+                "data.seed=null",
+                "embedded.seed=3",
+                "actor_rollout_ref.actor.optim.lr_warmup_steps=-1",
+                "data.train_max_samples=0",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
+            ]
+        )
+    )
     assert c.rollout.n == c.dapo.run.n == 8  # shared values come from dapo.settings, checked once
     assert c.data.seed == c.embedded.seed == 3  # data.seed null: the engine's seed
     assert c.actor.lr_warmup_steps == 0 and c.data.train_max_samples == -1  # verl's "none" / "all" spellings

@@ -28,10 +28,16 @@ def qwen2(vocab_size: int, dtype=torch.float32):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-                         num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config).to(dtype).eval()
     model.generation_config = GenerationConfig(eos_token_id=EOS.tolist(), pad_token_id=PAD)
     return model
@@ -71,8 +77,9 @@ def reference_sample(model, prompt_list, *, n, params, max_new_tokens, max_num_s
         for _ in range(max_new_tokens):
             ids, mask = left_pad([torch.cat([rows[i], torch.tensor(out[i], dtype=torch.long)]) for i in active], PAD)
             with torch.no_grad():
-                logits = model(input_ids=ids, attention_mask=mask,
-                               position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]  # [A, V]
+                logits = model(
+                    input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+                ).logits[:, -1]  # [A, V]
             scores = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
             if params.do_sample:
                 picked = draw(filter_logits(scores, params.temperature, params.top_k, params.top_p).softmax(-1))
@@ -144,10 +151,19 @@ def test_a_row_that_ends_leaves_the_batch():
         first = [int(model(input_ids=p.unsqueeze(0)).logits[0, -1].argmax()) for p in distinct]
     assert first[0] != first[1]
     batches = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape),
-                                    with_kwargs=True)
-    ids, mask, _ = sample(model, distinct, n=3, params=PARAMS[0], max_new_tokens=5, eos_ids=torch.tensor([first[0]]),
-                          pad_id=PAD, max_num_seqs=64)
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    ids, mask, _ = sample(
+        model,
+        distinct,
+        n=3,
+        params=PARAMS[0],
+        max_new_tokens=5,
+        eos_ids=torch.tensor([first[0]]),
+        pad_id=PAD,
+        max_num_seqs=64,
+    )
     assert batches[0][0] == 2 and all(shape == (3, 1) for shape in batches[1:]) and len(batches) == 5
     assert mask.sum(-1).tolist() == [1, 1, 1, 5, 5, 5]
     assert (ids[:3, 1:] == PAD).all()
@@ -161,8 +177,9 @@ def test_the_loop_stops_when_every_response_has_ended():
     with torch.no_grad():
         first = [int(model(input_ids=p.unsqueeze(0)).logits[0, -1].argmax()) for p in distinct]
     eos = torch.tensor(sorted(set(first)))
-    ids, mask, log_probs = sample(model, distinct, n=3, params=PARAMS[0], max_new_tokens=5, eos_ids=eos,
-                                  pad_id=PAD, max_num_seqs=64)
+    ids, mask, log_probs = sample(
+        model, distinct, n=3, params=PARAMS[0], max_new_tokens=5, eos_ids=eos, pad_id=PAD, max_num_seqs=64
+    )
     assert ids.shape == (6, 1)
     assert ids.flatten().tolist() == [first[0]] * 3 + [first[1]] * 3
     assert mask.flatten().tolist() == [1] * 6 and bool((log_probs < 0).all())
@@ -195,8 +212,9 @@ def test_sampling_log_probs_equal_a_full_forward(dtype, vocab, request):
     model = qwen2(vocab, dtype)
     params = SamplingParams(True, 0.8, 1.0, 0)
     torch.manual_seed(5)
-    ids, mask, log_probs = sample(model, prompts(vocab), n=4, params=params, max_new_tokens=10, eos_ids=EOS,
-                                  pad_id=PAD, max_num_seqs=1024)
+    ids, mask, log_probs = sample(
+        model, prompts(vocab), n=4, params=params, max_new_tokens=10, eos_ids=EOS, pad_id=PAD, max_num_seqs=1024
+    )
     rows = [p for p in prompts(vocab) for _ in range(4)]
     with torch.no_grad():
         expected, _ = sequence_log_probs(model, rows, ids, mask, temperature=0.8, pad_id=PAD)
@@ -228,8 +246,7 @@ def test_shared_prompt_forward_equals_the_full_forward_with_gradients(layout, fl
 
     def run(fn):
         model.zero_grad()
-        log_prob, entropy = fn(model, rows, response_ids, response_mask, temperature=1.0, pad_id=PAD,
-                               with_entropy=True)
+        log_prob, entropy = fn(model, rows, response_ids, response_mask, temperature=1.0, pad_id=PAD, with_entropy=True)
         (log_prob * response_mask).sum().backward()
         return log_prob.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
 
@@ -269,5 +286,4 @@ def test_auto_layout_packs_short_rows_and_caches_long_ones(monkeypatch):
     assert model_calls(row) == 1  # fits: packed
     assert model_calls(row - 1) == 2  # one token too long: cache layout
     with pytest.raises(ValueError, match="'auto', 'packed' or 'cache'"):
-        shared_prompt_log_probs(model, rows, response_ids, response_mask, temperature=1.0, pad_id=PAD,
-                                layout="flat")
+        shared_prompt_log_probs(model, rows, response_ids, response_mask, temperature=1.0, pad_id=PAD, layout="flat")

@@ -37,8 +37,11 @@ def _snapshot(run_dir) -> dict:
     the run directory's lock, which every start takes before its checks (``recipe.common.rundir``)."""
     if not run_dir.exists():
         return {}
-    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")
-            if p.name != LOCK_FILE}
+    return {
+        str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in run_dir.rglob("*")
+        if p.name != LOCK_FILE
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- data files
@@ -65,7 +68,8 @@ def _missing(tmp_path):
 
 def _no_reward_model(tmp_path):
     pd.DataFrame([{k: v for k, v in r.items() if k != "reward_model"} for r in _rows()]).to_parquet(
-        tmp_path / "cols.parquet", index=False)
+        tmp_path / "cols.parquet", index=False
+    )
     return tmp_path / "cols.parquet", "lacks column(s) ['reward_model']"
 
 
@@ -93,8 +97,11 @@ def _scorer(tmp_path, body: str):
     "body, name, fragment",
     [
         (None, "compute_score", "reward.custom_reward_function.path='{path}': no such file"),
-        ("def score(*a, **k):\n    return 1.0\n", "compute_score",
-         "reward.custom_reward_function.name='compute_score': {path} defines no such function"),
+        (
+            "def score(*a, **k):\n    return 1.0\n",
+            "compute_score",
+            "reward.custom_reward_function.name='compute_score': {path} defines no such function",
+        ),
         ("import no_such_module_here\n", "compute_score", "fails to import (ModuleNotFoundError"),
         ("compute_score = 3\n", "compute_score", "is a int, not a function"),
         ("def compute_score(*a, **k):\n    return float('nan')\n", "compute_score", "returned nan on a probe"),
@@ -105,8 +112,11 @@ def _scorer(tmp_path, body: str):
 def test_bad_reward_function_is_named_before_the_warm_up(tiny_run, tmp_path, capsys, body, name, fragment):
     path = str(tmp_path / "missing.py") if body is None else _scorer(tmp_path, body)
     cache = tmp_path / "cache"
-    extra = {"reward.custom_reward_function.path": path, "reward.custom_reward_function.name": name,
-             "embedded.cache_dir": str(cache)}
+    extra = {
+        "reward.custom_reward_function.path": path,
+        "reward.custom_reward_function.name": name,
+        "embedded.cache_dir": str(cache),
+    }
     err = _error(capsys, tiny_run(extra=extra))
     assert fragment.replace("{path}", path) in err
     assert not (tmp_path / "run").exists() and not cache.exists()
@@ -115,11 +125,14 @@ def test_bad_reward_function_is_named_before_the_warm_up(tiny_run, tmp_path, cap
 @pytest.mark.slow
 def test_non_finite_reward_in_training_stops_naming_the_function(tiny_run, tmp_path, capsys):
     # finite on the probe (the first row's own answer, and an empty response), NaN on what the model writes
-    path = _scorer(tmp_path, "import math\n"
-                             "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                             "    if solution_str in ('', 'Answer: ' + str(ground_truth)):\n"
-                             "        return 1.0\n"
-                             "    return math.nan\n")
+    path = _scorer(
+        tmp_path,
+        "import math\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str in ('', 'Answer: ' + str(ground_truth)):\n"
+        "        return 1.0\n"
+        "    return math.nan\n",
+    )
     extra = {"reward.custom_reward_function.path": path, "trainer.val_before_train": False}
     assert cli.main(tiny_run(extra=extra)) == 1  # stopped by the function, not by the config
     err = capsys.readouterr().err
@@ -149,11 +162,18 @@ def test_a_diverged_policy_stops_naming_the_learning_rate(tiny_run, tmp_path, ca
     # of step 1 is skipped for a non-finite gradient (one of two applied: the run goes on), and step 2 stops: its
     # sampling meets non-finite probabilities (torch.multinomial refuses them), or, with a sampler that does not
     # refuse them, all its updates are skipped
-    extra = {"actor_rollout_ref.actor.optim.lr": 1e30, "algorithm.filter_groups.enable": False,
-             "trainer.val_before_train": False, "trainer.total_training_steps": 3, "trainer.test_freq": -1}
+    extra = {
+        "actor_rollout_ref.actor.optim.lr": 1e30,
+        "algorithm.filter_groups.enable": False,
+        "trainer.val_before_train": False,
+        "trainer.total_training_steps": 3,
+        "trainer.test_freq": -1,
+    }
     err = _error(capsys, tiny_run(extra=extra))
-    assert ("step 2: the policy's probabilities are no longer finite" in err
-            or "step 2: all 2 policy updates were skipped" in err), err
+    assert (
+        "step 2: the policy's probabilities are no longer finite" in err
+        or "step 2: all 2 policy updates were skipped" in err
+    ), err
     assert "lower actor_rollout_ref.actor.optim.lr" in err
 
 
@@ -175,7 +195,7 @@ def test_resuming_a_different_run_is_refused_and_a_finished_run_says_so(tiny_run
     err = _error(capsys, tiny_run(run_dir, changed))
     assert f"{run_dir / 'global_step_1'} is a checkpoint of a different run" in err
     assert "actor_rollout_ref.actor.optim.lr: 0.0001 there, 0.0003 now" in err
-    assert f"data.train_files: null there, [\"{rows}\"] now" in err
+    assert f'data.train_files: null there, ["{rows}"] now' in err
     for fix in ("trainer.experiment_name=", "trainer.default_local_dir=", "trainer.resume_mode=disable"):
         assert fix in err
     assert _snapshot(run_dir) == before
@@ -209,8 +229,12 @@ def test_resuming_a_different_run_is_refused_and_a_finished_run_says_so(tiny_run
 @pytest.mark.parametrize("damaged", [STATE_FILE, "actor/model.safetensors"])
 def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_resumed(tiny_run, tmp_path, capsys, damaged):
     run_dir = tmp_path / "run"
-    extra = {"trainer.total_training_steps": 2, "trainer.save_freq": 1, "trainer.val_before_train": False,
-             "trainer.max_actor_ckpt_to_keep": 3}
+    extra = {
+        "trainer.total_training_steps": 2,
+        "trainer.save_freq": 1,
+        "trainer.val_before_train": False,
+        "trainer.max_actor_ckpt_to_keep": 3,
+    }
     assert cli.main(tiny_run(run_dir, extra)) == 0
     capsys.readouterr()
     target = run_dir / "global_step_2" / damaged
@@ -232,8 +256,14 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_resumed(tiny_
 
 def _verl(tmp_path, parquet, extra=()) -> list[str]:
     """The verl engine's config with local files; the checks run before verl's device set-up and Ray."""
-    return ["--config-name", "dapo_trainer", f"data.train_files={parquet}", f"data.val_files={parquet}",
-            f"trainer.default_local_dir={tmp_path / 'verl-run'}", *extra]
+    return [
+        "--config-name",
+        "dapo_trainer",
+        f"data.train_files={parquet}",
+        f"data.val_files={parquet}",
+        f"trainer.default_local_dir={tmp_path / 'verl-run'}",
+        *extra,
+    ]
 
 
 def test_verl_engine_checks_data_and_reward_before_ray(tmp_path, capsys):
@@ -280,13 +310,19 @@ def test_main_dapo_says_a_bad_input_in_one_line(tmp_path):
     import sys
 
     missing = tmp_path / "nowhere.parquet"
-    result = subprocess.run([sys.executable, "-m", "recipe.dapo.main_dapo", f"data.train_files={missing}"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "recipe.dapo.main_dapo", f"data.train_files={missing}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"main_dapo: error: data.train_files: no such file {str(missing)!r}; set data.train_files to an existing "
         "parquet file in verl's schema: data_source, prompt[{role, content}], ability, reward_model{ground_truth, "
-        "style}, extra_info (scripts/prepare_data.py writes it)")
+        "style}, extra_info (scripts/prepare_data.py writes it)"
+    )
     assert "Traceback" not in result.stderr and result.stderr.count("error:") == 1
 
 

@@ -62,7 +62,9 @@ def _weight_bound(record: dict, tiny_run) -> float:
     from recipe.embedded.config import read_config
 
     c = read_config(cli.compose(tiny_run()))
-    tokens = RESPONSES_PER_MINI_BATCH * (c.data.max_prompt_length + c.data.max_response_length)  # prompt + response rows
+    tokens = RESPONSES_PER_MINI_BATCH * (
+        c.data.max_prompt_length + c.data.max_response_length
+    )  # prompt + response rows
     delta_g = tokens * DEPTH * EPS64 * max(record["actor/grad_norm"], 1.0)
     return OPTIMIZER_STEPS * LR * delta_g / ADAM_EPS
 
@@ -73,8 +75,9 @@ def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[fl
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
-def test_micro_batch_size_does_not_change_the_update(tiny_run, tiny_start_weights, tmp_path, float64_end_to_end,
-                                                      loss_agg_mode):
+def test_micro_batch_size_does_not_change_the_update(
+    tiny_run, tiny_start_weights, tmp_path, float64_end_to_end, loss_agg_mode
+):
     per_response, metrics_1 = _step(tiny_run, tmp_path / "micro1", 1, loss_agg_mode)
     whole, metrics_8 = _step(tiny_run, tmp_path / "micro8", 8, loss_agg_mode)
     start = tiny_start_weights

@@ -26,8 +26,17 @@ def test_unreachable_wandb_falls_back_to_offline_within_the_stated_wait(tmp_path
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
     monkeypatch.setenv("WANDB_SILENT", "true")
     start = time.perf_counter()
-    monitor = Monitor(tmp_path, loggers=["wandb"], project="p", experiment="e", config={}, start_step=0,
-                      total_steps=1, progress_bar=False, wandb_id=None)
+    monitor = Monitor(
+        tmp_path,
+        loggers=["wandb"],
+        project="p",
+        experiment="e",
+        config={},
+        start_step=0,
+        total_steps=1,
+        progress_bar=False,
+        wandb_id=None,
+    )
     elapsed = time.perf_counter() - start
     monitor.log(1, {"critic/score/mean": 0.5})
     monitor.close()
@@ -43,9 +52,19 @@ def test_plots_label_both_axes_and_keep_score_and_accuracy_apart(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    records = [{"step": s, "critic/score/mean": -0.5 + 0.1 * s, "train/acc/mean": 0.2 + 0.05 * s,
-                "val-core/x/acc/mean@4": 0.3, "actor/entropy": 0.4, "response_length/mean": 4.0,
-                "response_length/max": 6.0, "dapo/kept_group_frac": 0.8} for s in range(1, 4)]
+    records = [
+        {
+            "step": s,
+            "critic/score/mean": -0.5 + 0.1 * s,
+            "train/acc/mean": 0.2 + 0.05 * s,
+            "val-core/x/acc/mean@4": 0.3,
+            "actor/entropy": 0.4,
+            "response_length/mean": 4.0,
+            "response_length/max": 6.0,
+            "dapo/kept_group_frac": 0.8,
+        }
+        for s in range(1, 4)
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     figures = {p.name: f for p, f in write_plots(tmp_path, keep_figures=True).items()}
     for path, fig in figures.items():
@@ -61,8 +80,9 @@ def test_plots_label_both_axes_and_keep_score_and_accuracy_apart(tmp_path):
 def test_warm_up_shows_a_progress_bar(tmp_path, capsys):
     from recipe.embedded.warmup import warm_model
 
-    warm_model(str(tmp_path), {"digits": 1, "val_size": 16}, {}, {"steps": 3, "batch_size": 4}, device="cpu",
-               progress_bar=True)
+    warm_model(
+        str(tmp_path), {"digits": 1, "val_size": 16}, {}, {"steps": 3, "batch_size": 4}, device="cpu", progress_bar=True
+    )
     captured = capsys.readouterr()
     assert "warm-up: 3 supervised steps" in captured.out and "warm-up: done" in captured.out
     assert "warm-up: 100%" in captured.err and "3/3" in captured.err

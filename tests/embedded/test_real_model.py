@@ -18,8 +18,15 @@ def test_local_model_dir_trains_and_validates_on_aime(tiny_run, tmp_path, aime_p
     model_dir = tmp_path / "tiny-qwen2"
     tokenizer = build_tokenizer(task)
     torch.manual_seed(0)
-    model = build_model(tokenizer, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                        num_key_value_heads=1, max_position_embeddings=4096)
+    model = build_model(
+        tokenizer,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+    )
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
 

@@ -25,8 +25,12 @@ def _comparable(record: dict) -> dict:
 
 @pytest.mark.slow
 def test_killed_run_resumes_where_it_stopped(tiny_run, tmp_path):
-    extra = {"trainer.total_training_steps": STEPS, "trainer.save_freq": 1, "trainer.test_freq": 3,
-             "trainer.max_actor_ckpt_to_keep": 2}
+    extra = {
+        "trainer.total_training_steps": STEPS,
+        "trainer.save_freq": 1,
+        "trainer.test_freq": 3,
+        "trainer.max_actor_ckpt_to_keep": 2,
+    }
 
     # the reference: uninterrupted
     reference_dir = tmp_path / "reference"

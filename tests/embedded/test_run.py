@@ -46,10 +46,22 @@ def test_short_run_trains_every_parameter_and_logs_documented_metrics(tiny_run, 
     logged = {key for record in records for key in record if key != "step"}
     undocumented = sorted(name for name in logged if not _documented(name))
     assert not undocumented, f"metrics missing from dapo.metrics.METRIC_DOCS: {undocumented}"
-    for name in ("actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/grad_norm",
-                 "response_length/mean", "response_length/max", "response_length/clip_ratio", "critic/score/mean",
-                 "train/num_gen_batches", "timing_s/gen", "dapo/kept_group_frac", "dapo/overlong_frac",
-                 "response/repeat_ngram_frac"):
+    for name in (
+        "actor/entropy",
+        "actor/pg_clipfrac",
+        "actor/pg_clipfrac_lower",
+        "actor/ppo_kl",
+        "actor/grad_norm",
+        "response_length/mean",
+        "response_length/max",
+        "response_length/clip_ratio",
+        "critic/score/mean",
+        "train/num_gen_batches",
+        "timing_s/gen",
+        "dapo/kept_group_frac",
+        "dapo/overlong_frac",
+        "response/repeat_ngram_frac",
+    ):
         assert name in logged, name
 
     # every trained parameter moved away from the warmed-up start (weight decay is off: only gradients move them)

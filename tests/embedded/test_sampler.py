@@ -11,8 +11,9 @@ from tests.embedded.test_decode import EOS, PAD, qwen2
 
 def _policy(autocast_dtype) -> Policy:
     model = qwen2(64).train()
-    return Policy(model, tokenizer=None, eos_ids=EOS, pad_id=PAD, device=torch.device("cpu"),
-                  autocast_dtype=autocast_dtype)
+    return Policy(
+        model, tokenizer=None, eos_ids=EOS, pad_id=PAD, device=torch.device("cpu"), autocast_dtype=autocast_dtype
+    )
 
 
 def test_the_copy_holds_the_weights_in_bf16_and_leaves_the_policy_and_its_buffers_alone():
@@ -45,8 +46,11 @@ def test_an_update_reaches_the_copy_only_through_sync():
     ids = torch.randint(3, 64, (2, 9))
     policy.model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
-    stale = [name for (name, full), half in zip(policy.model.named_parameters(), sampler.parameters())
-             if not torch.equal(half, full.detach().to(torch.bfloat16))]
+    stale = [
+        name
+        for (name, full), half in zip(policy.model.named_parameters(), sampler.parameters())
+        if not torch.equal(half, full.detach().to(torch.bfloat16))
+    ]
     assert stale  # the step moved the policy; the copy has not seen it yet
     policy.sync_sampler()
     assert policy.sampler() is sampler  # synced in place, not rebuilt

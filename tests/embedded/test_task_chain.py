@@ -33,7 +33,7 @@ def test_rows_by_hand():
 
 
 def _parse(row: dict) -> tuple[int, list[int]]:
-    start, *operands = (int(x) for x in re.findall(r"[+-]?\d+", row["extra_info"]["raw_problem"][len("What is "):]))
+    start, *operands = (int(x) for x in re.findall(r"[+-]?\d+", row["extra_info"]["raw_problem"][len("What is ") :]))
     return start, operands
 
 
@@ -71,7 +71,25 @@ def test_problems_are_distinct_held_out_reproducible_and_span_an_order_of_magnit
     tokenizer = build_tokenizer(task)
     # one token per digit and sign, "=" and newline: "17+5=22\n" is 8 tokens; "Answer: " one token; EOS one more
     assert tokenizer.tokenize("17+5=22\n22-3=19\nAnswer: 19") == [
-        "1", "7", "+", "5", "=", "2", "2", "Ċ", "2", "2", "-", "3", "=", "1", "9", "ĊAnswer:Ġ", "1", "9"]
+        "1",
+        "7",
+        "+",
+        "5",
+        "=",
+        "2",
+        "2",
+        "Ċ",
+        "2",
+        "2",
+        "-",
+        "3",
+        "=",
+        "1",
+        "9",
+        "ĊAnswer:Ġ",
+        "1",
+        "9",
+    ]
     lengths = [len(tokenizer(solution_text(r), add_special_tokens=False)["input_ids"]) + 1 for r in task.rows("train")]
     # shortest: one operation on one-digit values, "5+3=8\nAnswer: 8" + EOS = 8 tokens; longest: 20 lines of
     # 8 tokens (two-digit values throughout) + "Answer: " + 2 digits + EOS = 163 tokens (the bounds are exact)
@@ -90,21 +108,38 @@ def test_the_chain_setting_budget_binds_for_the_longest_solutions_and_the_buffer
     in_buffer = sum(budget - buffer < n <= budget for n in lengths) / len(lengths)
     assert 0.02 < over <= 0.12  # the longest chains (8 operations on two-digit values) do not fit the budget
     assert 0.10 < in_buffer < 0.40  # the long correct solutions are softly punished
-    prompts = [len(tokenizer(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
-                             add_special_tokens=False)["input_ids"]) for r in spec.rows("train")]
+    prompts = [
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        for r in spec.rows("train")
+    ]
     assert max(prompts) <= cfg.data.max_prompt_length
     assert max(prompts) + budget <= cfg.embedded.tiny_model["max_position_embeddings"]
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"min_steps": 0}, "embedded.task.min_steps and max_steps must satisfy 1 <= min_steps <= max_steps, got 0 and 20"),
-    ({"min_steps": 5, "max_steps": 4}, "1 <= min_steps <= max_steps, got 5 and 4"),
-    ({"val_size": 0}, "embedded.task.val_size and embedded.task.train_size must be >= 1, got 0 and 4000"),
-    ({"min_steps": 1, "max_steps": 1, "val_size": 100, "train_size": 400},
-     r"500 is more than half of the 900 chains of 1 to 1 operations; raise embedded.task.max_steps"),
-    ({"digits": 3},
-     r"unknown key\(s\) \['digits'\] under embedded.task; known: .*unset with embedded.task.digits=null"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"min_steps": 0},
+            "embedded.task.min_steps and max_steps must satisfy 1 <= min_steps <= max_steps, got 0 and 20",
+        ),
+        ({"min_steps": 5, "max_steps": 4}, "1 <= min_steps <= max_steps, got 5 and 4"),
+        ({"val_size": 0}, "embedded.task.val_size and embedded.task.train_size must be >= 1, got 0 and 4000"),
+        (
+            {"min_steps": 1, "max_steps": 1, "val_size": 100, "train_size": 400},
+            r"500 is more than half of the 900 chains of 1 to 1 operations; raise embedded.task.max_steps",
+        ),
+        (
+            {"digits": 3},
+            r"unknown key\(s\) \['digits'\] under embedded.task; known: .*unset with embedded.task.digits=null",
+        ),
+    ],
+)
 def test_bad_chain_settings_name_the_key(tmp_path, settings, message):
     with pytest.raises(ConfigError, match=message):
         task_files(str(tmp_path), {"name": "chain", **settings})

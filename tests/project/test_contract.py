@@ -40,8 +40,12 @@ EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
 
 def _configs() -> list[tuple[str, str, list[str]]]:
-    out = [("base", "dapo_trainer", []), ("embedded", "embedded", []), ("ablation", "ablation", []),
-           ("embedded_smollm2", "embedded_smollm2", [])]
+    out = [
+        ("base", "dapo_trainer", []),
+        ("embedded", "embedded", []),
+        ("ablation", "ablation", []),
+        ("embedded_smollm2", "embedded_smollm2", []),
+    ]
     out += [(f"experiment={e}", "dapo_trainer", [f"+experiment={e}"]) for e in EXPERIMENTS]
     for name, row in ablation.rows():
         out.append((f"ablation row {name}", "ablation", [f"{k}={ablation._value(v)}" for k, v in row.items()]))
@@ -67,14 +71,31 @@ def test_the_real_model_run_is_the_same_on_both_engines():
     embedded = compose([], "embedded_smollm2")
     verl = compose(["+experiment=cpu_smollm2"], "dapo_trainer")
     assert asdict(read_config(embedded).dapo) == asdict(check_dapo_config(verl))
-    same = ["smollm2.assets", "data.train_files", "data.val_files", "data.val_max_samples", "data.max_prompt_length",
-            "data.max_response_length", "data.train_batch_size", "data.gen_batch_size",
-            "actor_rollout_ref.model.path", "actor_rollout_ref.actor.ppo_mini_batch_size",
-            "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.optim.lr_warmup_steps",
-            "actor_rollout_ref.actor.optim.weight_decay", "actor_rollout_ref.rollout.n",
-            "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_p",
-            "actor_rollout_ref.rollout.val_kwargs", "reward.reward_kwargs", "algorithm.filter_groups",
-            "trainer.total_training_steps", "trainer.test_freq", "trainer.save_freq", "data.seed"]
+    same = [
+        "smollm2.assets",
+        "data.train_files",
+        "data.val_files",
+        "data.val_max_samples",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        "data.train_batch_size",
+        "data.gen_batch_size",
+        "actor_rollout_ref.model.path",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.optim.lr",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps",
+        "actor_rollout_ref.actor.optim.weight_decay",
+        "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.rollout.temperature",
+        "actor_rollout_ref.rollout.top_p",
+        "actor_rollout_ref.rollout.val_kwargs",
+        "reward.reward_kwargs",
+        "algorithm.filter_groups",
+        "trainer.total_training_steps",
+        "trainer.test_freq",
+        "trainer.save_freq",
+        "data.seed",
+    ]
     for key in same:
         ours, theirs = OmegaConf.select(embedded, key), OmegaConf.select(verl, key)
         if OmegaConf.is_config(ours):
@@ -106,7 +127,9 @@ def test_both_engines_derive_the_same_settings(name, config_name, overrides):
         assert asdict(sampler.sampling) == asdict(embedded.sampling)
         filler = sampler.make_filler()
         assert (filler.safety_margin, filler.max_num_gen_batches) == (
-            embedded.sampling.safety_margin, embedded.filter.max_num_gen_batches)
+            embedded.sampling.safety_margin,
+            embedded.filter.max_num_gen_batches,
+        )
 
     # the reward workers: the dapo_paper manager's overlong shaping (dapo.overlong_filter is the trainer's, read
     # from the whole config in DAPOTrainer.__init__ as in check_dapo_config above)
@@ -118,9 +141,18 @@ def test_the_ablation_rows_differ_in_one_setting_each():
     # the same derivation shows each row switching one technique on, on both engines alike
     settings = [read_config(compose(o, c)).dapo for n, c, o in CONFIGS if n.startswith("ablation row")]
     changed = [
-        {f"{group}.{k}" for group in ("loss", "filter", "overlong")
-         for k, v in asdict(getattr(b, group)).items() if asdict(getattr(a, group))[k] != v}
+        {
+            f"{group}.{k}"
+            for group in ("loss", "filter", "overlong")
+            for k, v in asdict(getattr(b, group)).items()
+            if asdict(getattr(a, group))[k] != v
+        }
         for a, b in zip(settings, settings[1:])
     ]
-    assert changed == [{"overlong.filter"}, {"loss.clip_ratio_high"}, {"overlong.buffer_enable"},
-                       {"loss.loss_agg_mode"}, {"filter.enable"}]
+    assert changed == [
+        {"overlong.filter"},
+        {"loss.clip_ratio_high"},
+        {"overlong.buffer_enable"},
+        {"loss.loss_agg_mode"},
+        {"filter.enable"},
+    ]

@@ -19,15 +19,29 @@ pytest.importorskip("myst_parser")
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    result = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-                             str(ROOT / "docs"), str(out)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]  # -W: a warning fails the build
     return out
 
 
 def test_the_site_builds_with_every_page_reachable(site):
-    pages = ("index", "embedded", "verl", "real-model", "algorithm", "benchmarks", "ablation", "testing",
-             "reference/configuration", "reference/metrics")
+    pages = (
+        "index",
+        "embedded",
+        "verl",
+        "real-model",
+        "algorithm",
+        "benchmarks",
+        "ablation",
+        "testing",
+        "reference/configuration",
+        "reference/metrics",
+    )
     for page in pages:
         assert (site / f"{page}.html").is_file(), page
 

@@ -29,8 +29,9 @@ MODULE = "recipe.dapo.main_dapo"
 def dry_run(script: str, *args: str, **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("NNODES", "GPUS_PER_NODE", "MODEL_PATH"))}
     clean |= {"DRY_RUN": "1", "PATH": "/usr/bin:/bin", "HOME": "/home/user", **env}  # no ray on this PATH
-    result = subprocess.run(["bash", str(REPO / "scripts" / script), *args], env=clean, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / script), *args], env=clean, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -86,7 +87,11 @@ def test_default_command_composes_to_the_papers_run(default_run):
     assert (data.train_batch_size, data.gen_batch_size, rollout.n, actor.ppo_mini_batch_size) == (512, 1536, 16, 32)
     assert (data.max_response_length, cfg.reward.reward_kwargs.overlong_buffer_cfg.len) == (20480, 4096)
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.optim.lr, actor.optim.lr_warmup_steps) == (
-        0.2, 0.28, 1e-6, 20)
+        0.2,
+        0.28,
+        1e-6,
+        20,
+    )
     assert (rollout.val_kwargs.temperature, rollout.val_kwargs.top_p, rollout.val_kwargs.n) == (1.0, 0.7, 32)
     assert cfg.algorithm.filter_groups.max_num_gen_batches == 10 and cfg.algorithm.filter_groups.metric == "acc"
     # what the launcher sets for the 32B run
@@ -104,9 +109,18 @@ def test_default_command_composes_to_the_papers_run(default_run):
 
 def test_environment_and_extra_arguments(tmp_path):
     stdout = dry_run(
-        "train_dapo_qwen32b.sh", "trainer.total_training_steps=7", "data.gen_batch_size=1024",
-        NNODES="2", GPUS_PER_NODE="4", MODEL_PATH="/models/q 32b", RAY_ADDRESS="http://head:8265",
-        EXPERIMENT_NAME="run-a", SP_SIZE="4", GEN_TP="2", OFFLOAD="false", RUNTIME_ENV=str(tmp_path / "env.yaml"),
+        "train_dapo_qwen32b.sh",
+        "trainer.total_training_steps=7",
+        "data.gen_batch_size=1024",
+        NNODES="2",
+        GPUS_PER_NODE="4",
+        MODEL_PATH="/models/q 32b",
+        RAY_ADDRESS="http://head:8265",
+        EXPERIMENT_NAME="run-a",
+        SP_SIZE="4",
+        GEN_TP="2",
+        OFFLOAD="false",
+        RUNTIME_ENV=str(tmp_path / "env.yaml"),
     )
     submit, overrides = parse(stdout)
     assert "--address=http://head:8265" in submit and f"--runtime-env={tmp_path / 'env.yaml'}" in submit
@@ -124,9 +138,15 @@ def test_environment_and_extra_arguments(tmp_path):
 def test_aime_avg32_evaluation_command_composes(default_run):
     # docs/verl.md (Launching): evaluate a checkpoint (or a model with resume_mode=disable) on AIME 2024, avg@32
     _, overrides = default_run
-    cfg = compose_overrides(overrides + ["trainer.val_only=true", "trainer.val_before_train=true",
-                                         "trainer.resume_mode=resume_path",
-                                         "trainer.resume_from_path=/ckpts/global_step_100"])
+    cfg = compose_overrides(
+        overrides
+        + [
+            "trainer.val_only=true",
+            "trainer.val_before_train=true",
+            "trainer.resume_mode=resume_path",
+            "trainer.resume_from_path=/ckpts/global_step_100",
+        ]
+    )
     validate(cfg)
     assert cfg.trainer.val_only and cfg.actor_rollout_ref.rollout.val_kwargs.n == 32
 
@@ -146,6 +166,7 @@ def test_smoke_command_composes_for_one_gpu():
 
 def test_without_dry_run_it_needs_ray():
     env = {k: v for k, v in os.environ.items()} | {"PATH": "/usr/bin:/bin", "DRY_RUN": "0"}
-    result = subprocess.run(["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh")], env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1 and "'ray' command is not on PATH" in result.stderr

@@ -40,12 +40,15 @@ def test_aime_deduplicated_to_30_problems(tmp_path, capsys):
     # same prompts and answers as the source, in first-seen order
     first = pd.read_parquet(AIME)
     first = first[~first["prompt"].map(lambda p: p[0]["content"]).duplicated()]
+
     def text(frame):
         return frame["prompt"].map(lambda p: p[0]["content"]).tolist()
 
     assert text(df) == text(first)
-    assert df["reward_model"].map(lambda r: r["ground_truth"]).tolist() == first["reward_model"].map(
-        lambda r: r["ground_truth"]).tolist()
+    assert (
+        df["reward_model"].map(lambda r: r["ground_truth"]).tolist()
+        == first["reward_model"].map(lambda r: r["ground_truth"]).tolist()
+    )
     assert set(df["data_source"]) == {"math_dapo"} and set(df["ability"]) == {"MATH"}
     assert df["prompt"].map(lambda p: p[0]["role"]).eq("user").all()
 
@@ -64,8 +67,15 @@ def test_verls_dataset_reads_the_output(tmp_path):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     assert run("--train", "none", "--val", str(AIME), "--out-dir", str(tmp_path)) == 0
-    config = OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 4096, "filter_overlong_prompts": False,
-                               "return_raw_chat": True, "cache_dir": str(tmp_path / "cache")})
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "max_prompt_length": 4096,
+            "filter_overlong_prompts": False,
+            "return_raw_chat": True,
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
     dataset = RLHFDataset(str(tmp_path / "aime-2024.parquet"), tokenizer=None, config=config)
     row = dataset[3]
     assert len(dataset) == 30 and row["index"] == 3
@@ -79,8 +89,11 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_raw_problem_rows_get_the_dapo_instruction(tmp_path, capsys):
-    rows = [{"problem": "What is 2+2?", "answer": 4}, {"question": "What is 3+3?", "answer": "6"},
-            {"problem": "What is 2+2?", "answer": 5}]  # a repeat with another answer: kept once, reported
+    rows = [
+        {"problem": "What is 2+2?", "answer": 4},
+        {"question": "What is 3+3?", "answer": "6"},
+        {"problem": "What is 2+2?", "answer": 5},
+    ]  # a repeat with another answer: kept once, reported
     src = write_jsonl(tmp_path / "raw.jsonl", rows)
     assert run("--train", str(src), "--val", "none", "--out-dir", str(tmp_path / "out")) == 0
     out = capsys.readouterr().out
@@ -93,8 +106,12 @@ def test_raw_problem_rows_get_the_dapo_instruction(tmp_path, capsys):
 
 
 def test_rows_without_ground_truth_are_an_error_naming_them(tmp_path, capsys):
-    rows = [{"problem": "a", "answer": "1"}, {"problem": "b"}, {"problem": "c", "answer": ""},
-            {"problem": "d", "answer": None}]
+    rows = [
+        {"problem": "a", "answer": "1"},
+        {"problem": "b"},
+        {"problem": "c", "answer": ""},
+        {"problem": "d", "answer": None},
+    ]
     src = write_jsonl(tmp_path / "bad.jsonl", rows)
     assert run("--train", str(src), "--val", "none", "--out-dir", str(tmp_path / "out")) == 1
     err = capsys.readouterr().err
@@ -105,11 +122,13 @@ def test_rows_without_ground_truth_are_an_error_naming_them(tmp_path, capsys):
 
 
 def test_verl_schema_rows_without_ground_truth(tmp_path, capsys):
-    df = pd.DataFrame({
-        "data_source": ["math_dapo"] * 2,
-        "prompt": [[{"role": "user", "content": "p1"}], [{"role": "user", "content": "p2"}]],
-        "reward_model": [{"ground_truth": "3", "style": "x"}, {"ground_truth": None, "style": "x"}],
-    })
+    df = pd.DataFrame(
+        {
+            "data_source": ["math_dapo"] * 2,
+            "prompt": [[{"role": "user", "content": "p1"}], [{"role": "user", "content": "p2"}]],
+            "reward_model": [{"ground_truth": "3", "style": "x"}, {"ground_truth": None, "style": "x"}],
+        }
+    )
     src = tmp_path / "schema.parquet"
     df.to_parquet(src)
     assert run("--train", str(src), "--val", "none", "--out-dir", str(tmp_path / "out")) == 1
@@ -134,6 +153,10 @@ def test_malformed_files(tmp_path, capsys, name, content, message):
 
 
 def test_missing_file_and_cli_exit_status(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--train", str(tmp_path / "nope.parquet"), "--val", "none"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--train", str(tmp_path / "nope.parquet"), "--val", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and "no such file" in result.stderr

@@ -75,7 +75,12 @@ def test_qwen32b_holds_the_papers_numbers(cfg32):
     # generation batch 3x the train batch, at most 10 rounds, filtering on accuracy
     assert data.gen_batch_size == 3 * 512
     assert dict(cfg.algorithm.filter_groups) | {"_target_": None} == {
-        "_target_": None, "enable": True, "metric": "acc", "max_num_gen_batches": 10, "max_inflight_gen_batches": 1}
+        "_target_": None,
+        "enable": True,
+        "metric": "acc",
+        "max_num_gen_batches": 10,
+        "max_inflight_gen_batches": 1,
+    }
     # max response 16384 + 4096 cache = 20480; soft punishment over the last 4096 tokens, factor 1
     assert data.max_response_length == 16384 + 4096 == 20480
     assert data.max_prompt_length == 2048

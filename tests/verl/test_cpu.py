@@ -32,8 +32,9 @@ RUN_TIMEOUT_S = 1800
 if not VERL_PY.exists():
     if os.environ.get("DAPO_REQUIRE_VERL_CPU") == "1":
         raise RuntimeError(f"{VERL_PY} is missing: run `make verl-cpu-setup` (make test does)")
-    pytest.skip("the verl CPU environment is not set up: `make verl-cpu-setup` (make test does)",
-                allow_module_level=True)
+    pytest.skip(
+        "the verl CPU environment is not set up: `make verl-cpu-setup` (make test does)", allow_module_level=True
+    )
 
 pytestmark = [pytest.mark.verl_cpu, pytest.mark.slow]
 
@@ -44,8 +45,12 @@ from recipe.dapo.cpu.run import CPU_ENV  # noqa: E402  (plain dict, no verl impo
 def _env(run_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "VIRTUAL_ENV"))}
     env.update(CPU_ENV)
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(run_dir),
-               VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"))
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(run_dir),
+        VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
+    )
     env.pop("RAY_ADDRESS", None)  # each run starts its own Ray (the launcher test its own cluster)
     return env
 
@@ -56,8 +61,12 @@ def _ray_temp_dir(run_dir: Path) -> str:
 
 
 def _overrides(run_dir: Path, **extra) -> list[str]:
-    values = {"trainer.default_local_dir": str(run_dir), "trainer.experiment_name": run_dir.name,
-              "+ray_kwargs.ray_init._temp_dir": _ray_temp_dir(run_dir), **extra}
+    values = {
+        "trainer.default_local_dir": str(run_dir),
+        "trainer.experiment_name": run_dir.name,
+        "+ray_kwargs.ray_init._temp_dir": _ray_temp_dir(run_dir),
+        **extra,
+    }
     return [f"{key}={value}" for key, value in values.items()]
 
 
@@ -93,8 +102,14 @@ def train(run_dir: Path, experiment: str = "cpu_tiny", **extra) -> subprocess.Co
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**_env(run_dir), "DAPO_VERL_CPU_EXPERIMENT": experiment}
     with open(run_dir / "console.log", "w") as log:
-        proc = subprocess.run([str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **extra)], cwd=REPO,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        proc = subprocess.run(
+            [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **extra)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=RUN_TIMEOUT_S,
+        )
     return proc
 
 
@@ -147,8 +162,16 @@ def healthy_run():
 def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
     run_dir, steps = healthy_run
     train_steps = [steps[s] for s in (1, 2, 3)]
-    required = ["actor/entropy", "response_length/mean", "dapo/kept_group_frac", "train/num_gen_batches",
-                "dapo/overlong_frac", "actor/dapo/clipfrac_high", "critic/score/mean", "response/repeat_ngram_frac"]
+    required = [
+        "actor/entropy",
+        "response_length/mean",
+        "dapo/kept_group_frac",
+        "train/num_gen_batches",
+        "dapo/overlong_frac",
+        "actor/dapo/clipfrac_high",
+        "critic/score/mean",
+        "response/repeat_ngram_frac",
+    ]
     for record in train_steps:
         missing = [name for name in required if name not in record]
         assert not missing, missing
@@ -186,15 +209,35 @@ def test_two_steps_on_the_real_model(own_tmp, smollm2_assets):
     from recipe.common.cpu import cpu_has_bf16
 
     run_dir = own_tmp / "smollm2"
-    dtypes = {} if cpu_has_bf16() else {"actor_rollout_ref.rollout.dtype": "float32",
-                                        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "fp32"}
-    proc = train(run_dir, "cpu_smollm2", **{
-        "smollm2.assets": str(smollm2_assets), "data.max_response_length": 96, "data.train_batch_size": 2,
-        "data.gen_batch_size": 2, "data.val_max_samples": 4, "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "algorithm.filter_groups.enable": False, "reward.reward_kwargs.overlong_buffer_cfg.len": 16,
-        "trainer.total_training_steps": 2, "trainer.test_freq": 2, "trainer.save_freq": -1, **dtypes})
+    dtypes = (
+        {}
+        if cpu_has_bf16()
+        else {
+            "actor_rollout_ref.rollout.dtype": "float32",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "fp32",
+        }
+    )
+    proc = train(
+        run_dir,
+        "cpu_smollm2",
+        **{
+            "smollm2.assets": str(smollm2_assets),
+            "data.max_response_length": 96,
+            "data.train_batch_size": 2,
+            "data.gen_batch_size": 2,
+            "data.val_max_samples": 4,
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "algorithm.filter_groups.enable": False,
+            "reward.reward_kwargs.overlong_buffer_cfg.len": 16,
+            "trainer.total_training_steps": 2,
+            "trainer.test_freq": 2,
+            "trainer.save_freq": -1,
+            **dtypes,
+        },
+    )
     assert proc.returncode == 0, _tail(run_dir)
     steps = metrics(run_dir)
     assert "val-core/word_problems/acc/mean@1" in steps[0] and "val-core/word_problems/acc/mean@1" in steps[2]
@@ -212,9 +255,17 @@ def test_a_stale_rollout_is_caught_by_the_weight_sync_metric(own_tmp):
     policy: the rollout samples with the initial weights, and the metric shows the actor's change."""
     run_dir = own_tmp / "stale"
     extension = "recipe.dapo.cpu.vllm_worker.StaleSyncWorkerExtension"
-    proc = train(run_dir, **{"trainer.total_training_steps": 3, "trainer.save_freq": -1, "trainer.test_freq": -1,
-                             "trainer.val_before_train": False, "actor_rollout_ref.actor.optim.lr": 1e-3,
-                             "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls": extension})
+    proc = train(
+        run_dir,
+        **{
+            "trainer.total_training_steps": 3,
+            "trainer.save_freq": -1,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": False,
+            "actor_rollout_ref.actor.optim.lr": 1e-3,
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls": extension,
+        },
+    )
     assert proc.returncode == 0, _tail(run_dir)
     steps = metrics(run_dir)
     # step 1 samples with the synced initial weights: healthy; later steps sample with stale ones
@@ -226,9 +277,17 @@ def test_truncated_responses_are_counted_and_left_out_of_the_loss(own_tmp):
     """A 4-token budget cuts 3-digit answers ("Answer:", 3 digits, EOS is 5 tokens): dapo/overlong_frac > 0, and the
     tokens the actor trained on (verl's loss-mask count) exclude the truncated responses' tokens."""
     run_dir = own_tmp / "overlong"
-    proc = train(run_dir, **{"trainer.total_training_steps": 2, "trainer.save_freq": -1, "trainer.test_freq": -1,
-                             "trainer.val_before_train": False, "data.max_response_length": 4,
-                             "reward.reward_kwargs.overlong_buffer_cfg.len": 1})
+    proc = train(
+        run_dir,
+        **{
+            "trainer.total_training_steps": 2,
+            "trainer.save_freq": -1,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": False,
+            "data.max_response_length": 4,
+            "reward.reward_kwargs.overlong_buffer_cfg.len": 1,
+        },
+    )
     assert proc.returncode == 0, _tail(run_dir)
     steps = metrics(run_dir)
     assert any(steps[s]["dapo/overlong_frac"] > 0 for s in (1, 2)), steps
@@ -262,16 +321,29 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
     run_dir = own_tmp / "resume"
     run_dir.mkdir()
     total = 6
-    common = {"trainer.total_training_steps": total, "trainer.save_freq": 1, "trainer.test_freq": -1,
-              "trainer.val_before_train": False}  # cpu_tiny keeps 2 checkpoints: K and K - 1
+    common = {
+        "trainer.total_training_steps": total,
+        "trainer.save_freq": 1,
+        "trainer.test_freq": -1,
+        "trainer.val_before_train": False,
+    }  # cpu_tiny keeps 2 checkpoints: K and K - 1
     with open(run_dir / "console.log", "w") as log:
-        first = subprocess.Popen([str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
-                                 cwd=REPO, env=_env(run_dir), stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        first = subprocess.Popen(
+            [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
+            cwd=REPO,
+            env=_env(run_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             tracker = run_dir / "latest_checkpointed_iteration.txt"
-            _wait_for(lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 2, first,
-                      RUN_TIMEOUT_S, "the step-2 checkpoint")
+            _wait_for(
+                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 2,
+                first,
+                RUN_TIMEOUT_S,
+                "the step-2 checkpoint",
+            )
         finally:
             os.killpg(first.pid, signal.SIGKILL)  # the whole process group: driver, Ray, workers, vLLM
             first.wait(timeout=60)
@@ -288,8 +360,9 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
     proc = train(run_dir, **common)  # resume_mode=auto (cpu_tiny.yaml)
     assert proc.returncode == 0, _tail(run_dir)
     console = (run_dir / "console.log").read_text()
-    assert f"warning: checkpoint {run_dir / f'global_step_{last}'} is damaged and skipped: {weights} is damaged" \
-        in console
+    assert (
+        f"warning: checkpoint {run_dir / f'global_step_{last}'} is damaged and skipped: {weights} is damaged" in console
+    )
     assert f"resuming from {run_dir / f'global_step_{last - 1}'}, the newest intact checkpoint" in console
     steps = logged_steps(run_dir)
     assert steps == list(range(1, total + 1)), f"metrics.jsonl holds steps {steps}: each of 1..{total} once expected"
@@ -298,7 +371,8 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
     # the filler continued from the state saved at step K - 1: its run totals include the steps before the kill
     assert final["totals"]["steps"] == total
     assert final["totals"]["rounds"] == saved["totals"]["rounds"] + sum(
-        resumed[s]["train/num_gen_batches"] for s in range(last, total + 1))
+        resumed[s]["train/num_gen_batches"] for s in range(last, total + 1)
+    )
     assert "DAPO sampler state restored from" in console
 
 
@@ -311,18 +385,35 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tm
     run_dir = own_tmp / "interrupted"
     run_dir.mkdir()
     total = 3
-    common = {"trainer.total_training_steps": total, "trainer.save_freq": 1, "trainer.test_freq": -1,
-              "trainer.val_before_train": False}
-    online = {**_env(run_dir), "WANDB_MODE": "online", "WANDB_API_KEY": "x" * 40,
-              "WANDB_BASE_URL": f"http://127.0.0.1:{_free_port()}"}  # nothing listens there
+    common = {
+        "trainer.total_training_steps": total,
+        "trainer.save_freq": 1,
+        "trainer.test_freq": -1,
+        "trainer.val_before_train": False,
+    }
+    online = {
+        **_env(run_dir),
+        "WANDB_MODE": "online",
+        "WANDB_API_KEY": "x" * 40,
+        "WANDB_BASE_URL": f"http://127.0.0.1:{_free_port()}",
+    }  # nothing listens there
     with open(run_dir / "console.log", "w") as log:
-        first = subprocess.Popen([str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
-                                 cwd=REPO, env=online, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        first = subprocess.Popen(
+            [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
+            cwd=REPO,
+            env=online,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         tracker = run_dir / "latest_checkpointed_iteration.txt"
         try:
-            _wait_for(lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 1, first,
-                      RUN_TIMEOUT_S, "the step-1 checkpoint")
+            _wait_for(
+                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 1,
+                first,
+                RUN_TIMEOUT_S,
+                "the step-1 checkpoint",
+            )
             os.killpg(first.pid, signal.SIGINT)
             sent = time.monotonic()
             first.wait(timeout=120)
@@ -359,20 +450,27 @@ def test_a_reward_function_failing_in_a_ray_worker_stops_the_run_in_one_line(own
     run_dir = own_tmp / "bad-reward"
     run_dir.mkdir()
     scorer = own_tmp / "scorer.py"
-    scorer.write_text("calls = 0\n"
-                      "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
-                      "    global calls\n"
-                      "    calls += 1\n"
-                      "    return 1.0 if calls <= 2 else float('nan')  # each process probes or scores twice first\n")
-    proc = train(run_dir, **{"trainer.total_training_steps": 2, "trainer.val_before_train": False,
-                             "reward.custom_reward_function.path": str(scorer)})
+    scorer.write_text(
+        "calls = 0\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    return 1.0 if calls <= 2 else float('nan')  # each process probes or scores twice first\n"
+    )
+    proc = train(
+        run_dir,
+        **{
+            "trainer.total_training_steps": 2,
+            "trainer.val_before_train": False,
+            "reward.custom_reward_function.path": str(scorer),
+        },
+    )
     _kill_ray_processes(_ray_temp_dir(run_dir))
     console = (run_dir / "console.log").read_text()
     assert proc.returncode == 1, console[-3000:]
     stopped = [line for line in console.splitlines() if line.startswith("main_dapo: stopped: ")]
     assert len(stopped) == 1, console[-3000:]
-    assert f"reward.custom_reward_function ({scorer}:compute_score) returned nan on the row data_source=" \
-        in stopped[0]
+    assert f"reward.custom_reward_function ({scorer}:compute_score) returned nan on the row data_source=" in stopped[0]
     assert "Traceback" not in console.split(stopped[0])[1]  # nothing after the one line
 
 
@@ -395,32 +493,77 @@ def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
     env["RAY_AUTH_MODE"] = "disabled"
     port, dashboard = _free_port(), _free_port()
     temp_dir = _ray_temp_dir(run_dir)
-    runtime_env = (REPO / "scripts" / "verl_cpu_runtime_env.yaml").read_text().replace(
-        "env_vars:\n", f"env_vars:\n  VERL_FILE_LOGGER_PATH: {run_dir / 'metrics.jsonl'}\n", 1)
+    runtime_env = (
+        (REPO / "scripts" / "verl_cpu_runtime_env.yaml")
+        .read_text()
+        .replace("env_vars:\n", f"env_vars:\n  VERL_FILE_LOGGER_PATH: {run_dir / 'metrics.jsonl'}\n", 1)
+    )
     (run_dir / "runtime_env.yaml").write_text(runtime_env)
     assets = Path(os.environ.get("DAPO_CACHE_DIR", Path.home() / ".cache" / "dapo-verl")) / "verl-cpu"
     subprocess.run([str(VERL_PY), "-m", "recipe.dapo.cpu.prepare"], cwd=REPO, env=env, check=True, capture_output=True)
     try:
-        subprocess.run([ray, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1",
-                        f"--dashboard-port={dashboard}", "--num-cpus=8", "--num-gpus=1", "--disable-usage-stats",
-                        f"--temp-dir={temp_dir}"],
-                       env=env, check=True, capture_output=True, timeout=180)
-        subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", "--num-cpus=8", "--num-gpus=1",
-                        f"--temp-dir={temp_dir}"],
-                       env=env, check=True, capture_output=True, timeout=180)
-        launcher_env = dict(env, NNODES="2", GPUS_PER_NODE="1", EXPERIMENT="cpu_tiny",
-                            RAY_ADDRESS=f"http://127.0.0.1:{dashboard}", PYTHON=str(VERL_PY),
-                            RUNTIME_ENV=str(run_dir / "runtime_env.yaml"),
-                            MODEL_PATH=str(assets / "model"), TRAIN_FILES=str(assets / "train.parquet"),
-                            VAL_FILES=str(assets / "val.parquet"), CKPT_DIR=str(run_dir), SAVE_FREQ="-1",
-                            TEST_FREQ="2", SP_SIZE="1", OFFLOAD="false", GEN_TP="1", GPU_MEMORY_UTILIZATION="0.5",
-                            MAX_TOKENS_PER_GPU="1024", EXPERIMENT_NAME="launcher")
-        extra = ["trainer.total_training_steps=2", "trainer.logger=[console,file]",
-                 # the job joins the running cluster: resources come from `ray start`, not from ray.init
-                 "ray_kwargs.ray_init.num_cpus=null", "~ray_kwargs.ray_init.num_gpus"]
+        subprocess.run(
+            [
+                ray,
+                "start",
+                "--head",
+                f"--port={port}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                "--num-cpus=8",
+                "--num-gpus=1",
+                "--disable-usage-stats",
+                f"--temp-dir={temp_dir}",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
+        subprocess.run(
+            [ray, "start", f"--address=127.0.0.1:{port}", "--num-cpus=8", "--num-gpus=1", f"--temp-dir={temp_dir}"],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
+        launcher_env = dict(
+            env,
+            NNODES="2",
+            GPUS_PER_NODE="1",
+            EXPERIMENT="cpu_tiny",
+            RAY_ADDRESS=f"http://127.0.0.1:{dashboard}",
+            PYTHON=str(VERL_PY),
+            RUNTIME_ENV=str(run_dir / "runtime_env.yaml"),
+            MODEL_PATH=str(assets / "model"),
+            TRAIN_FILES=str(assets / "train.parquet"),
+            VAL_FILES=str(assets / "val.parquet"),
+            CKPT_DIR=str(run_dir),
+            SAVE_FREQ="-1",
+            TEST_FREQ="2",
+            SP_SIZE="1",
+            OFFLOAD="false",
+            GEN_TP="1",
+            GPU_MEMORY_UTILIZATION="0.5",
+            MAX_TOKENS_PER_GPU="1024",
+            EXPERIMENT_NAME="launcher",
+        )
+        extra = [
+            "trainer.total_training_steps=2",
+            "trainer.logger=[console,file]",
+            # the job joins the running cluster: resources come from `ray start`, not from ray.init
+            "ray_kwargs.ray_init.num_cpus=null",
+            "~ray_kwargs.ray_init.num_gpus",
+        ]
         with open(run_dir / "console.log", "w") as log:
-            proc = subprocess.run(["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh"), *extra], cwd=REPO,
-                                  env=launcher_env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+            proc = subprocess.run(
+                ["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh"), *extra],
+                cwd=REPO,
+                env=launcher_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=RUN_TIMEOUT_S,
+            )
         assert proc.returncode == 0, _tail(run_dir)
         steps = metrics(run_dir)
         assert {1, 2} <= set(steps) and VAL_ACC in steps[2]

@@ -42,8 +42,17 @@ def test_fresh_worker_processes(tmp_path):
         "entry point": base,  # a worker of a cluster where the project is pip-installed
         "plugins off": base | {"VERL_USE_EXTERNAL_PLUGINS": "none"},  # control: nothing else registers them
     }
-    procs = {name: subprocess.Popen([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for name, env in envs.items()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", PROBE],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, env in envs.items()
+    }
     results = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=300)

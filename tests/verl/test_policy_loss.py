@@ -59,15 +59,33 @@ def random_batch(seed: int, n: int, t: int):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_registry_dispatch_equals_dapo_loss(actor_config, mode, seed):
     log_prob, old, adv, mask, _ = random_batch(seed, 8, 12)
-    batch_info = {"dp_size": 2, "batch_num_tokens": int(mask.sum()) * 2, "global_batch_size": 16,
-                  "loss_scale_factor": None}
+    batch_info = {
+        "dp_size": 2,
+        "batch_num_tokens": int(mask.sum()) * 2,
+        "global_batch_size": 16,
+        "loss_scale_factor": None,
+    }
     set_batch_info(actor_config, batch_info)
     via_verl, verl_metrics = get_policy_loss_fn("dapo")(
-        old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask, loss_agg_mode=mode,
-        config=actor_config, rollout_is_weights=None,
+        old_log_prob=old,
+        log_prob=log_prob,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=mode,
+        config=actor_config,
+        rollout_is_weights=None,
     )
-    direct, metrics = policy_loss(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28,
-                                  clip_ratio_c=10.0, loss_agg_mode=mode, **batch_info)
+    direct, metrics = policy_loss(
+        log_prob,
+        old,
+        adv,
+        mask,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=10.0,
+        loss_agg_mode=mode,
+        **batch_info,
+    )
     torch.testing.assert_close(via_verl, direct, rtol=0, atol=0)
     assert verl_metrics == metrics
 
@@ -77,8 +95,16 @@ def test_registry_dispatch_passes_rollout_is_weights(actor_config):
     weights = torch.rand(6, 10, generator=torch.Generator().manual_seed(3))
     set_batch_info(actor_config, {})
     via_verl, _ = get_policy_loss_fn("dapo")(old, log_prob, adv, mask, "token-mean", actor_config, weights)
-    direct, _ = policy_loss(log_prob, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0,
-                            rollout_is_weights=weights)
+    direct, _ = policy_loss(
+        log_prob,
+        old,
+        adv,
+        mask,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=10.0,
+        rollout_is_weights=weights,
+    )
     torch.testing.assert_close(via_verl, direct, rtol=0, atol=0)  # the same function on the same tensors
 
 
@@ -121,8 +147,14 @@ def test_ppo_loss_micro_batches_with_overlong_filter_sum_to_whole_batch(actor_co
     truncated[[2, 5]] = True
     filtered = overlong_filter_mask(mask, truncated)  # what DAPOTrainer writes into response_mask and loss_mask
     rows = [
-        {"prompt": torch.full((3,), 5), "response": responses[i, : lengths[i]], "mask": filtered[i, : lengths[i]],
-         "old": old[i, : lengths[i]], "adv": adv[i, : lengths[i]], "log_prob": log_prob[i, : lengths[i]]}
+        {
+            "prompt": torch.full((3,), 5),
+            "response": responses[i, : lengths[i]],
+            "mask": filtered[i, : lengths[i]],
+            "old": old[i, : lengths[i]],
+            "adv": adv[i, : lengths[i]],
+            "log_prob": log_prob[i, : lengths[i]],
+        }
         for i in range(n)
     ]
     batch_num_tokens = int(filtered.sum())  # the engine: loss_mask.sum(), before micro-batching
@@ -133,8 +165,16 @@ def test_ppo_loss_micro_batches_with_overlong_filter_sum_to_whole_batch(actor_co
         loss, _ = ppo_loss(actor_config, output, data)
         total = total + loss
 
-    whole, _ = policy_loss(log_prob * mask, old * mask, adv * mask, filtered, clip_ratio_low=0.2,
-                           clip_ratio_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean")
+    whole, _ = policy_loss(
+        log_prob * mask,
+        old * mask,
+        adv * mask,
+        filtered,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=10.0,
+        loss_agg_mode="token-mean",
+    )
     # a token-mean over 96 tokens in 3 partial sums or one. verl's ppo_loss hands back float32-rounded values
     # whatever the inputs' dtype (measured: a 1.5e-8 relative gap), so: a float32 rounding of each token's loss
     # (at most |A| * max(ratio, c)) and of each of the 3 partial sums, on top of the float64 reordering
@@ -144,6 +184,7 @@ def test_ppo_loss_micro_batches_with_overlong_filter_sum_to_whole_batch(actor_co
     # the truncated responses count neither in the numerator nor in the denominator:
     # sum(l * m) / 53 with the filter (lengths 1..12 here sum to 77 - 24 truncated tokens = 53)
     assert batch_num_tokens == int(mask.sum()) - 2 * t
-    unfiltered, _ = policy_loss(log_prob * mask, old * mask, adv * mask, mask, clip_ratio_low=0.2,
-                                clip_ratio_high=0.28, clip_ratio_c=10.0)
+    unfiltered, _ = policy_loss(
+        log_prob * mask, old * mask, adv * mask, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0
+    )
     assert (total - unfiltered.to(total.dtype)).abs().item() > 10 * bound  # the filter is visible above rounding

@@ -95,8 +95,12 @@ def plugin_seen_by_worker(ray_tq):
 def test_ray_worker_sees_the_registrations(plugin_seen_by_worker):
     seen = plugin_seen_by_worker
     assert seen["pid"] != os.getpid()
-    assert seen == {"loss": "recipe.dapo.policy_loss", "reward_manager": "DAPOPaperRewardManager",
-                    "trainer": "DAPOTrainer", "pid": seen["pid"]}
+    assert seen == {
+        "loss": "recipe.dapo.policy_loss",
+        "reward_manager": "DAPOPaperRewardManager",
+        "trainer": "DAPOTrainer",
+        "pid": seen["pid"],
+    }
 
 
 # --------------------------------------------------------------------------- the DAPO sampler
@@ -126,12 +130,20 @@ class Rollout:
             for session, acc in enumerate(accs or [1.0]):  # a failed group wrote one trajectory before failing
                 keys.append(f"{uid}_{session}_0")
                 length = 6
-                fields.append({
-                    "responses": torch.full((length,), 5), "response_mask": torch.ones(length, dtype=torch.long),
-                    "loss_mask": torch.ones(length, dtype=torch.long),
-                    "extra_fields": {"reward_extra_info": {"acc": bool(acc), "score": 1.0 if acc else -1.0,
-                                                           "overlong_reward": -0.5 if session == 0 else 0.0}},
-                })
+                fields.append(
+                    {
+                        "responses": torch.full((length,), 5),
+                        "response_mask": torch.ones(length, dtype=torch.long),
+                        "loss_mask": torch.ones(length, dtype=torch.long),
+                        "extra_fields": {
+                            "reward_extra_info": {
+                                "acc": bool(acc),
+                                "score": 1.0 if acc else -1.0,
+                                "overlong_reward": -0.5 if session == 0 else 0.0,
+                            }
+                        },
+                    }
+                )
                 tags.append({"status": "success", "seq_len": 9})
         if keys:
             tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(fields), tags=tags)
@@ -151,12 +163,19 @@ class PolledSampler(DAPOReplayBuffer):
 def make_sampler(rollout, *, train=4, gen=8, max_rounds=3, carry_over=False):
     sampler_kwargs = {
         "filter_groups": {"enable": True, "metric": "acc", "max_num_gen_batches": max_rounds},
-        "train_batch_size": train, "gen_batch_size": gen,
+        "train_batch_size": train,
+        "gen_batch_size": gen,
         "sampling": {"carry_over": carry_over, "max_carry_age": 1},
     }
-    sampler = PolledSampler(trainer_mode="dapo", trainer_config={}, max_off_policy_threshold=None,
-                            max_off_policy_strategy="drop", sampler_kwargs=sampler_kwargs, refill_fn=rollout.submit,
-                            poll_interval=0.0)
+    sampler = PolledSampler(
+        trainer_mode="dapo",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs=sampler_kwargs,
+        refill_fn=rollout.submit,
+        poll_interval=0.0,
+    )
     sampler.rollout = rollout
     return sampler
 
@@ -232,10 +251,16 @@ def test_validation_partition_uses_verls_sampling(transfer_queue):
     clear_partition()
     uid = str(uuid.uuid4())
     tq.kv_put(key=uid, partition_id="val", tag={"is_prompt": True, "status": "finished", "global_steps": 0})
-    fields = [{"responses": torch.ones(3, dtype=torch.long),
-               "extra_fields": {"reward_extra_info": {"acc": True}}} for _ in range(G)]  # constant: kept for val
-    tq.kv_batch_put(keys=[f"{uid}_{s}_0" for s in range(G)], partition_id="val",
-                    fields=list_of_dict_to_tensordict(fields), tags=[{"status": "success"}] * G)
+    fields = [
+        {"responses": torch.ones(3, dtype=torch.long), "extra_fields": {"reward_extra_info": {"acc": True}}}
+        for _ in range(G)
+    ]  # constant: kept for val
+    tq.kv_batch_put(
+        keys=[f"{uid}_{s}_0" for s in range(G)],
+        partition_id="val",
+        fields=list_of_dict_to_tensordict(fields),
+        tags=[{"status": "success"}] * G,
+    )
     batch, metrics = make_sampler(Rollout([])).sample(global_steps=0, partition_id="val", batch_size=1)
     assert len(batch.keys) == G and metrics == {}
     tq.kv_clear(keys=batch.keys, partition_id="val")
@@ -253,10 +278,20 @@ def put_batch(lengths, eos_at_end, *, padding=(), length_tags=True):
         if eos:
             response[-1] = 1
         keys.append(f"{uuid.uuid4()}_0_0")
-        fields.append({"responses": response, "response_mask": torch.ones(length, dtype=torch.long),
-                       "loss_mask": torch.ones(length, dtype=torch.long)})
-        tags.append({"status": "success", **({"response_len": length} if length_tags else {}),
-                     **({"is_padding": True} if i in padding else {})})
+        fields.append(
+            {
+                "responses": response,
+                "response_mask": torch.ones(length, dtype=torch.long),
+                "loss_mask": torch.ones(length, dtype=torch.long),
+            }
+        )
+        tags.append(
+            {
+                "status": "success",
+                **({"response_len": length} if length_tags else {}),
+                **({"is_padding": True} if i in padding else {}),
+            }
+        )
     tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(fields), tags=tags)
     return KVBatchMeta(partition_id=PARTITION, keys=keys, tags=tags)
 
@@ -292,12 +327,22 @@ class RecordingActor:
 @pytest.mark.parametrize("enable", [True, False])
 def test_dapo_trainer_update_actor_masks_before_the_update(transfer_queue, enable):
     clear_partition()
-    cfg = OmegaConf.create({
-        "dapo": {"overlong_filter": enable},
-        "actor_rollout_ref": {"rollout": {"response_length": 4, "n": 1, "temperature": 1.0},
-                              "actor": {"ppo_mini_batch_size": 2, "calculate_entropy": False, "entropy_coeff": 0.0,
-                                        "ppo_epochs": 1, "data_loader_seed": 0, "shuffle": False}},
-    })
+    cfg = OmegaConf.create(
+        {
+            "dapo": {"overlong_filter": enable},
+            "actor_rollout_ref": {
+                "rollout": {"response_length": 4, "n": 1, "temperature": 1.0},
+                "actor": {
+                    "ppo_mini_batch_size": 2,
+                    "calculate_entropy": False,
+                    "entropy_coeff": 0.0,
+                    "ppo_epochs": 1,
+                    "data_loader_seed": 0,
+                    "shuffle": False,
+                },
+            },
+        }
+    )
     trainer = DAPOTrainer.__new__(DAPOTrainer)  # the trainer's state that _update_actor reads, without Ray workers
     trainer.config, trainer.tokenizer, trainer.actor_rollout_wg = cfg, SimpleNamespace(eos_token_id=1), RecordingActor()
     # what __init__ and _init_tokenizer derive: the overlong settings and the end-of-sequence set

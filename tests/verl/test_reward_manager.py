@@ -40,14 +40,16 @@ def make_config(max_resp_len=20, buffer_len=8, factor=1.0, log=True, enable=True
     shaping = {"overlong_buffer_cfg": {"enable": enable, "len": buffer_len, "penalty_factor": factor, "log": log}}
     if max_resp_len is not None:
         shaping["max_resp_len"] = max_resp_len
-    return OmegaConf.create({
-        "data": {"max_response_length": max_response_length},
-        "reward": {
-            "reward_kwargs": shaping,
-            "custom_reward_function": {"path": None, "name": "compute_score"},
-            "reward_manager": {"source": "register", "name": "dapo_paper", "module": {"path": None, "name": "x"}},
-        },
-    })
+    return OmegaConf.create(
+        {
+            "data": {"max_response_length": max_response_length},
+            "reward": {
+                "reward_kwargs": shaping,
+                "custom_reward_function": {"path": None, "name": "compute_score"},
+                "reward_manager": {"source": "register", "name": "dapo_paper", "module": {"path": None, "name": "x"}},
+            },
+        }
+    )
 
 
 def item(tokenizer, response: str, ground_truth: str, width: int = 24) -> DataProto:
@@ -82,8 +84,13 @@ def test_scores_acc_and_pred(char_tokenizer):
     assert manager.compute_score is dapo_compute_score  # the paper's scorer by default
     right = run(manager, item(char_tokenizer, "x\nAnswer: 42", "42"))
     assert right["reward_score"] == 1.0  # 12 tokens <= 20 - 8: no penalty
-    assert right["reward_extra_info"] == {"score": 1.0, "acc": True, "pred": "42", "overlong_reward": 0.0,
-                                               "overlong": False}
+    assert right["reward_extra_info"] == {
+        "score": 1.0,
+        "acc": True,
+        "pred": "42",
+        "overlong_reward": 0.0,
+        "overlong": False,
+    }
     wrong = run(manager, item(char_tokenizer, "Answer: 41", "42"))
     assert (wrong["reward_score"], wrong["reward_extra_info"]["acc"]) == (-1.0, False)
     # the paper's scorer has no \boxed{} fallback (verl 0.9.1's has)
@@ -165,12 +172,16 @@ def test_verl_loader_builds_it_with_the_papers_scorer(char_tokenizer):
     assert run(manager, item(char_tokenizer, "Answer: 42", "42"))["reward_extra_info"]["acc"] is True
 
 
-@pytest.mark.parametrize("scorer, fragment", [
-    (lambda **kw: 1 / 0, "raised ZeroDivisionError: division by zero on the row data_source='math_dapo'"),
-    (lambda **kw: float("nan"), "returned nan on the row data_source='math_dapo'"),
-    (lambda **kw: {"acc": True}, "returned {'acc': True} on the row"),
-    (lambda **kw: __import__("time").sleep(3), "did not return within dapo.reward_timeout_s=0.5 s on the row"),
-], ids=["raises", "nan", "no-score", "hangs"])
+@pytest.mark.parametrize(
+    "scorer, fragment",
+    [
+        (lambda **kw: 1 / 0, "raised ZeroDivisionError: division by zero on the row data_source='math_dapo'"),
+        (lambda **kw: float("nan"), "returned nan on the row data_source='math_dapo'"),
+        (lambda **kw: {"acc": True}, "returned {'acc': True} on the row"),
+        (lambda **kw: __import__("time").sleep(3), "did not return within dapo.reward_timeout_s=0.5 s on the row"),
+    ],
+    ids=["raises", "nan", "no-score", "hangs"],
+)
 def test_a_failing_reward_function_stops_the_run_naming_the_row(char_tokenizer, scorer, fragment):
     """What the embedded engine's ``CheckedReward`` does, in verl's reward workers: a scorer that raises, returns no
     finite score or hangs past ``dapo.reward_timeout_s`` raises ``RunStopped`` naming itself, the row and the value

@@ -38,8 +38,12 @@ def test_bool_values_and_other_groups_ignored():
 
 
 def kwargs(**changes):
-    base = {"filter_groups": {"enable": True, "metric": "acc", "max_num_gen_batches": 10},
-            "train_batch_size": 512, "gen_batch_size": 1536, "sampling": {"adaptive": True, "safety_margin": 0.2}}
+    base = {
+        "filter_groups": {"enable": True, "metric": "acc", "max_num_gen_batches": 10},
+        "train_batch_size": 512,
+        "gen_batch_size": 1536,
+        "sampling": {"adaptive": True, "safety_margin": 0.2},
+    }
     for key, value in changes.items():
         if key in ("enable", "metric", "max_num_gen_batches"):
             base["filter_groups"][key] = value

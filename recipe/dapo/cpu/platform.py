@@ -40,8 +40,16 @@ _IMPORT_BY_NAME = "from verl.utils.distributed import initialize_global_process_
 def _cpu_device_module() -> types.ModuleType:
     """``torch.cpu`` plus the ``torch.cuda`` functions verl 0.9.1 calls on ``get_torch_device()``."""
     module = types.ModuleType("verl_cpu_device")
-    for name in ("synchronize", "is_available", "current_stream", "stream", "Stream", "Event", "device_count",
-                 "set_device"):
+    for name in (
+        "synchronize",
+        "is_available",
+        "current_stream",
+        "stream",
+        "Stream",
+        "Event",
+        "device_count",
+        "set_device",
+    ):
         setattr(module, name, getattr(torch.cpu, name))
 
     def mem_get_info(device=None):  # (free, total) bytes of host memory

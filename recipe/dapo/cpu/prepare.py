@@ -40,7 +40,14 @@ def prepare(overrides: list[str] | None = None, log=print) -> Path:
     """Build (or reuse) the warm-up and the task; return ``<cache_dir>/verl-cpu`` with its four links."""
     c = read_config(compose(list(overrides or []), "embedded"))
     torch.set_num_threads(max(1, int(c.embedded.num_threads or 1)))
-    model_dir = warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu"), log=log)
+    model_dir = warm_model(
+        c.embedded.cache_dir,
+        c.embedded.task,
+        c.embedded.tiny_model,
+        c.embedded.warmup,
+        device=torch.device("cpu"),
+        log=log,
+    )
     task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
     out = Path(c.embedded.cache_dir) / ASSETS
     out.mkdir(parents=True, exist_ok=True)
@@ -49,8 +56,9 @@ def prepare(overrides: list[str] | None = None, log=print) -> Path:
     for split in ("train", "val"):
         _link(task_dir / f"{split}.parquet", out / f"{split}.parquet")
     if (out / "tokenizer" / "config.json").exists():
-        raise RuntimeError(f"{out / 'tokenizer'} holds a config.json; transformers 5.19 would load it as "
-                           "Qwen2Tokenizer")
+        raise RuntimeError(
+            f"{out / 'tokenizer'} holds a config.json; transformers 5.19 would load it as Qwen2Tokenizer"
+        )
     return out
 
 

