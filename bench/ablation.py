@@ -212,8 +212,8 @@ def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> Non
     """Build the task files and the warmed-up start model once, before the parallel runs (they all reuse it)."""
     import torch
 
+    from recipe.common.warmup import task_files, warm_model
     from recipe.embedded.config import read_config
-    from recipe.embedded.warmup import task_files, warm_model
 
     c = read_config(_compose(extra, config_name))
     if c.model.path is None:

@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     from dapo.reward import compute_score
     from dapo.settings import eos_token_ids
     from recipe.cli import compose
+    from recipe.common.warmup import task_files, warm_model
     from recipe.embedded.config import read_config
     from recipe.embedded.decode import sample
     from recipe.embedded.policy import bf16_compute, load_tokenizer, low_precision_copy
     from recipe.embedded.rollout import SamplingParams
-    from recipe.embedded.warmup import task_files, warm_model
 
     c = read_config(compose(args.overrides, args.config_name))
     torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())

@@ -39,10 +39,10 @@ from bench.common import parser, print_table, time_interleaved, write_json
 
 def setup(config_name: str = "embedded"):
     from recipe.cli import compose
+    from recipe.common.warmup import task_files, warm_model
     from recipe.embedded.config import read_config
     from recipe.embedded.data import load_prompts
     from recipe.embedded.policy import load_tokenizer
-    from recipe.embedded.warmup import task_files, warm_model
 
     c = read_config(compose(["embedded.progress_bar=false"], config_name))
     if c.model.path is not None:  # a real model and its own data files; every core unless the config says
@@ -78,9 +78,10 @@ def main() -> None:
 
     from dapo.reward import compute_score
     from dapo.settings import eos_token_ids
+    from recipe.common.log_probs import sequence_log_probs
     from recipe.embedded.decode import sample, shared_prompt_log_probs
     from recipe.embedded.policy import bf16_compute, low_precision_copy
-    from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate, sequence_log_probs
+    from recipe.embedded.rollout import SamplingParams, batched_log_probs, generate
 
     c, model_dir, tok, train = setup(args.config_name)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

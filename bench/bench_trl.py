@@ -122,7 +122,7 @@ def engine_config(overrides: list[str], config_name: str = "embedded"):
 def data_files(c) -> tuple[str, list[str]]:
     """The train / validation parquet the engine reads (the synthetic task's unless data.*_files are set)."""
     if c.data.train_files is None or c.data.val_files is None:
-        from recipe.embedded.warmup import task_files
+        from recipe.common.warmup import task_files
 
         task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
     train = c.data.train_files or [str(task_dir / "train.parquet")]
@@ -136,7 +136,7 @@ def start_model(c) -> str:
     """The model both start from: ``actor_rollout_ref.model.path``, else the engine's warm-up cache entry."""
     if c.model.path is not None:
         return c.model.path
-    from recipe.embedded.warmup import warm_model
+    from recipe.common.warmup import warm_model
 
     start = time.perf_counter()
     path = warm_model(
@@ -351,7 +351,7 @@ def check_prompt_parity(c, model_dir: str, train_file: str, rows: int = 64) -> N
     tok = load_tokenizer(model_dir)
     reference = tok
     if c.model.path is None:  # the task's own tokenizer directory (no model config beside it)
-        from recipe.embedded.warmup import task_files
+        from recipe.common.warmup import task_files
 
         reference = AutoTokenizer.from_pretrained(task_files(c.embedded.cache_dir, c.embedded.task) / "tokenizer")
     with tempfile.TemporaryDirectory() as tmp:

@@ -84,7 +84,7 @@ def warm_up(base: Path, data: Path, settings: WarmupSettings, cache_dir: Path, l
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from recipe.embedded.warmup import supervised_warmup
+        from recipe.common.warmup import supervised_warmup
 
         log(
             f"model: supervised warm-up, {settings.steps} steps of {settings.batch_size} worked solutions "

@@ -88,8 +88,8 @@ def tiny_start_weights(tiny_run):
     from safetensors.torch import load_file
 
     from recipe.cli import compose
+    from recipe.common.warmup import warm_model
     from recipe.embedded.config import read_config
-    from recipe.embedded.warmup import warm_model
 
     c = read_config(compose(tiny_run()))
     return load_file(

@@ -394,7 +394,7 @@ class EmbeddedConfig:
     )
     num_threads: int | None = _key("embedded.num_threads", "torch's CPU threads (null: torch's default)")
     cache_dir: str = _key("embedded.cache_dir", "where the warmed-up tiny model and the synthetic task are cached")
-    task: dict = _key("embedded.task", "the synthetic task when data files are null (recipe/embedded/task.py)")
+    task: dict = _key("embedded.task", "the synthetic task when data files are null (recipe/common/task.py)")
     tiny_model: dict = _key("embedded.model", "the tiny Qwen2's shape when model.path is null")
     warmup: dict = _key("embedded.warmup", "the tiny model's supervised warm-up")
     progress_bar: bool = _key("embedded.progress_bar", "a progress bar on the terminal (off: one line per step)")

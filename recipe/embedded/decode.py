@@ -40,7 +40,8 @@ from collections.abc import Sequence
 import torch
 
 from dapo.metrics import entropy_from_logits
-from recipe.embedded.rollout import SamplingParams, batched_log_probs, left_pad, response_mask_from_eos, right_pad
+from recipe.common.log_probs import left_pad
+from recipe.embedded.rollout import SamplingParams, batched_log_probs, response_mask_from_eos, right_pad
 
 
 def filter_logits(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

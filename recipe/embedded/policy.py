@@ -17,8 +17,8 @@ import torch
 
 from dapo.settings import eos_token_ids
 from recipe.common.cpu import cpu_has_bf16
+from recipe.common.warmup import warm_model
 from recipe.embedded.config import ConfigError, EngineConfig
-from recipe.embedded.warmup import warm_model
 
 
 @dataclass

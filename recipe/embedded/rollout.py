@@ -2,8 +2,8 @@
 
 The engine samples with its own decode loop (:func:`recipe.embedded.decode.sample`); :func:`generate` survives as
 the reference the tests hold its greedy tokens to (``tests/embedded/test_decode.py``; sampled ones are held to a loop
-without a cache drawing the same uniforms) and the HF path ``bench.bench_step`` times, and
-:func:`sequence_log_probs` as the full-forward reference of the shared-prompt update.
+without a cache drawing the same uniforms) and the HF path ``bench.bench_step`` times; :func:`batched_log_probs`
+runs :func:`recipe.common.log_probs.sequence_log_probs`, the full-forward reference of the shared-prompt update.
 
 Layout (as verl's): a prompt is left-padded, its response right-padded; the G responses of a prompt are
 contiguous rows. ``response_mask`` covers the response up to and including its first end-of-sequence token;
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dapo.metrics import entropy_from_logits
+from recipe.common.log_probs import left_pad, sequence_log_probs
 
 
 @dataclass(frozen=True)
@@ -32,18 +32,6 @@ class SamplingParams:
     temperature: float
     top_p: float
     top_k: int  # verl's -1 (off) is given to HF as 0
-
-
-def left_pad(sequences: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad 1-D token tensors into ``[N, L]`` ids and attention mask."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # [N, L]
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)  # [N, L]
-    for i, seq in enumerate(sequences):
-        if len(seq):
-            ids[i, width - len(seq) :] = seq
-            mask[i, width - len(seq) :] = 1
-    return ids, mask
 
 
 def right_pad(rows: Sequence[torch.Tensor], width: int, value: float | int) -> torch.Tensor:
@@ -102,39 +90,6 @@ def generate(
     width = max(c.shape[1] for c in chunks)
     response_ids = right_pad(chunks, width, pad_id)  # [B*n, T]
     return response_ids, response_mask_from_eos(response_ids, eos_ids.cpu())
-
-
-def sequence_log_probs(
-    model,
-    prompts: Sequence[torch.Tensor],  # N prompts, 1-D token ids each (one per response)
-    response_ids: torch.Tensor,  # [N, T]
-    response_mask: torch.Tensor,  # [N, T]
-    *,
-    temperature: float,
-    pad_id: int,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log pi(response) ``[N, T]`` (and entropy ``[N, T]``) under ``logits / temperature``.
-
-    One forward pass over ``[left-padded prompt | response]``; position ids count real tokens only, so a row's
-    result does not depend on how much padding its micro-batch needed.
-    """
-    device = next(model.parameters()).device
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)  # [N, P]
-    width = prompt_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # [N, P+T]
-    attention = torch.cat([prompt_mask, response_mask.long()], dim=1).to(device)  # [N, P+T]
-    position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # [N, P+T]
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
-    logits = logits[:, width - 1 : -1]  # [N, T, V] position t predicts response token t
-    logits = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
-    log_prob = torch.gather(logits.log_softmax(dim=-1), -1, response_ids.to(device).unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits)  # [N, T]
-    return log_prob, entropy
 
 
 @torch.no_grad()

@@ -65,6 +65,7 @@ from dapo.shaping import overlong_penalty
 from recipe.common import checks
 from recipe.common.identity import run_identity
 from recipe.common.rundir import lock_run_dir, unlock_run_dir
+from recipe.common.warmup import task_files
 from recipe.embedded import checkpoint
 from recipe.embedded.config import ConfigError, EngineConfig, ignored_verl_keys, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
@@ -74,7 +75,6 @@ from recipe.embedded.guard import UpdateGuard
 from recipe.embedded.monitor import Monitor, write_plots
 from recipe.embedded.policy import load_policy
 from recipe.embedded.rollout import SamplingParams, right_pad
-from recipe.embedded.warmup import task_files
 
 logger = logging.getLogger(__name__)
 

@@ -413,7 +413,7 @@ def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
 
 
 def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_the_longest():
-    from recipe.embedded.task import StepsAdditionTask, build_tokenizer, solution_text
+    from recipe.common.task import StepsAdditionTask, build_tokenizer, solution_text
 
     cfg = read_config(compose([], "ablation_long"))
     assert cfg.embedded.task["name"] == "addition_steps" and cfg.embedded.task["digits"] == 6

@@ -17,9 +17,9 @@ import pytest
 
 from recipe import cli
 from recipe.common.rundir import LOCK_FILE
+from recipe.common.task import AdditionTask
 from recipe.embedded.checkpoint import TRACKER, damage
 from recipe.embedded.monitor import read_metrics
-from recipe.embedded.task import AdditionTask
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}

@@ -140,7 +140,7 @@ def test_sampling_defaults_are_one_set(tiny_run):
 def two_stop_model(tmp_path_factory) -> tuple[Path, int, int]:
     """A tiny Qwen2 saved as a Hugging Face model whose generation config stops on two tokens, only one of which
     is the tokenizer's EOS (as instruct models do: ``<|im_end|>`` and ``<|endoftext|>``)."""
-    from recipe.embedded.task import AdditionTask, build_model, build_tokenizer
+    from recipe.common.task import AdditionTask, build_model, build_tokenizer
 
     path = tmp_path_factory.mktemp("two-stop-model")
     tokenizer = build_tokenizer(AdditionTask(digits=1, val_size=16), corpus_size=200)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from recipe import cli
-from recipe.embedded.task import AdditionTask
+from recipe.common.task import AdditionTask
 
 
 def _rows(digits: int = 1) -> list[dict]:

@@ -12,8 +12,9 @@ import math
 import pytest
 import torch
 
+from recipe.common.log_probs import left_pad, sequence_log_probs
 from recipe.embedded.decode import draw, filter_logits, sample, shared_prompt_log_probs
-from recipe.embedded.rollout import SamplingParams, generate, left_pad, right_pad, sequence_log_probs
+from recipe.embedded.rollout import SamplingParams, generate, right_pad
 from tests.conftest import EPS32, EPS64, reorder_bound
 
 pytestmark = pytest.mark.numerics

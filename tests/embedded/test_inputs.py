@@ -13,10 +13,10 @@ import torch
 
 from recipe import cli
 from recipe.common.rundir import LOCK_FILE
+from recipe.common.task import AdditionTask
 from recipe.embedded.checkpoint import STATE_FILE, TRACKER
 from recipe.embedded.config import ConfigError
 from recipe.embedded.guard import UpdateGuard
-from recipe.embedded.task import AdditionTask
 
 
 def _rows(digits: int = 1) -> list[dict]:

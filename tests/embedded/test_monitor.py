@@ -78,7 +78,7 @@ def test_plots_label_both_axes_and_keep_score_and_accuracy_apart(tmp_path):
 
 @pytest.mark.slow
 def test_warm_up_shows_a_progress_bar(tmp_path, capsys):
-    from recipe.embedded.warmup import warm_model
+    from recipe.common.warmup import warm_model
 
     warm_model(
         str(tmp_path), {"digits": 1, "val_size": 16}, {}, {"steps": 3, "batch_size": 4}, device="cpu", progress_bar=True

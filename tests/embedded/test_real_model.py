@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from recipe import cli
+from recipe.common.task import AdditionTask, build_model, build_tokenizer
 from recipe.embedded.monitor import read_metrics
-from recipe.embedded.task import AdditionTask, build_model, build_tokenizer
 
 
 @pytest.mark.slow

@@ -8,9 +8,9 @@ import pytest
 
 from dapo.reward import compute_score
 from recipe.cli import compose
+from recipe.common.task import ChainTask, build_tokenizer, chain_solution, solution_text
+from recipe.common.warmup import task_files
 from recipe.embedded.config import ConfigError, read_config
-from recipe.embedded.task import ChainTask, build_tokenizer, chain_solution, solution_text
-from recipe.embedded.warmup import task_files
 
 
 def test_chain_solution_by_hand():

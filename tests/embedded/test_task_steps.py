@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dapo.reward import compute_score
+from recipe.common.task import StepsAdditionTask, build_tokenizer, solution_text, worked_solution
+from recipe.common.warmup import task_files
 from recipe.embedded.config import ConfigError
-from recipe.embedded.task import StepsAdditionTask, build_tokenizer, solution_text, worked_solution
-from recipe.embedded.warmup import task_files
 
 
 def test_worked_solution_by_hand():

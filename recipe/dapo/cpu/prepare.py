@@ -2,7 +2,7 @@
 
 ``python -m recipe.dapo.cpu.prepare [embedded overrides...]`` composes ``configs/embedded.yaml`` (with the given
 overrides, e.g. ``embedded.warmup.steps=100``), builds or reuses the task and the warm-up through the embedded
-engine's own cache code (:mod:`recipe.embedded.warmup`, keyed by settings: the embedded engine's runs and this one
+engine's cache code (:mod:`recipe.common.warmup`, keyed by settings: the embedded engine's runs and this one
 share them) and points ``<cache_dir>/verl-cpu/`` at them, where ``configs/experiment/cpu_tiny.yaml`` reads:
 
 * ``model``: the warmed-up model (Hugging Face format);
@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
+from dapo.settings import select
 from recipe.cli import compose
-from recipe.embedded.config import read_config
-from recipe.embedded.warmup import task_files, warm_model
+from recipe.common.warmup import task_files, warm_model
 
 ASSETS = "verl-cpu"
 
@@ -38,18 +39,21 @@ def _link(target: Path, link: Path) -> None:
 
 def prepare(overrides: list[str] | None = None, log=print) -> Path:
     """Build (or reuse) the warm-up and the task; return ``<cache_dir>/verl-cpu`` with its four links."""
-    c = read_config(compose(list(overrides or []), "embedded"))
-    torch.set_num_threads(max(1, int(c.embedded.num_threads or 1)))
+    config = OmegaConf.to_container(compose(list(overrides or []), "embedded"), resolve=True, throw_on_missing=False)
+    embedded = select(config, "embedded", required=True)  # the tiny model's and the task's settings
+    cache_dir = os.path.expanduser(str(select(embedded, "cache_dir", required=True)))
+    task = select(embedded, "task", required=True)
+    torch.set_num_threads(max(1, int(select(embedded, "num_threads", 1))))
     model_dir = warm_model(
-        c.embedded.cache_dir,
-        c.embedded.task,
-        c.embedded.tiny_model,
-        c.embedded.warmup,
+        cache_dir,
+        task,
+        select(embedded, "model", required=True),
+        select(embedded, "warmup", required=True),
         device=torch.device("cpu"),
         log=log,
     )
-    task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
-    out = Path(c.embedded.cache_dir) / ASSETS
+    task_dir = task_files(cache_dir, task)
+    out = Path(cache_dir) / ASSETS
     out.mkdir(parents=True, exist_ok=True)
     _link(model_dir, out / "model")
     _link(task_dir / "tokenizer", out / "tokenizer")

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from dapo.settings import ConfigError
 from recipe.common.cache import build_atomically, digest
-from recipe.embedded.config import ConfigError
-from recipe.embedded.rollout import sequence_log_probs
-from recipe.embedded.task import AdditionTask, ChainTask, StepsAdditionTask, build_model, build_tokenizer, solution_text
+from recipe.common.log_probs import sequence_log_probs
+from recipe.common.task import AdditionTask, ChainTask, StepsAdditionTask, build_model, build_tokenizer, solution_text
 
 _CACHE_VERSION = 1  # bump when the recipe of the cached artefacts changes
 
