@@ -19,8 +19,18 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def fresh_wandb():
+    """wandb keeps its settings (here the unreachable server and the fake key) in a per-process singleton: torn
+    down afterwards, so that a later run in this process does not start from them."""
+    import wandb
+
+    yield
+    wandb.teardown()
+
+
 @pytest.mark.slow
-def test_unreachable_wandb_falls_back_to_offline_within_the_stated_wait(tmp_path, monkeypatch, capsys):
+def test_unreachable_wandb_falls_back_to_offline_within_the_stated_wait(tmp_path, monkeypatch, capsys, fresh_wandb):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # credentials present: the online path
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
