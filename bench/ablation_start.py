@@ -137,13 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         "repeated_line": statistics.fmean(repeated),
         "accuracy_by_steps": {k: statistics.fmean(v) for k, v in sorted(by_steps.items())},
         "sampling_seconds": seconds,
+        "lengths": lengths,  # every response's, the n of a problem consecutive (bench.async_sim --lengths reads them)
     }
     print(
         f"start model {model_dir}: {len(rows)} held-out problems x {c.rollout.n} responses at temperature "
         f"{c.rollout.temperature}, top_p {c.rollout.top_p}, budget {budget} (buffer {buffer}), "
         f"sampled in {seconds:.0f} s"
     )
-    print_table(["figure", "value"], [[k, v] for k, v in figures.items() if k != "accuracy_by_steps"])
+    print_table(["figure", "value"], [[k, v] for k, v in figures.items() if k not in ("accuracy_by_steps", "lengths")])
     print_table(
         ["operations", "accuracy", "responses"], [[k, statistics.fmean(v), len(v)] for k, v in sorted(by_steps.items())]
     )
