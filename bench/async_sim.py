@@ -406,7 +406,12 @@ def main(argv: list[str] | None = None) -> int:
         key, _, value = item.partition("=")
         if key not in types:
             p.error(f"--set {item}: unknown field {key!r}; one of {', '.join(types)}")
-        overrides[key] = types[key](float(value)) if types[key] is int else types[key](value)
+        if types[key] is bool:
+            if value.lower() not in ("true", "false"):
+                p.error(f"--set {item}: {key} is true or false")
+            overrides[key] = value.lower() == "true"
+        else:
+            overrides[key] = types[key](float(value)) if types[key] is int else types[key](value)
     s = replace(Setup(), **overrides)
     lengths = read_lengths(args.lengths) if args.lengths else None
     results = simulate(s, steps=args.steps, seed=args.seed, lengths=lengths)

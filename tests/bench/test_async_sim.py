@@ -134,3 +134,8 @@ def test_the_command_line_prints_every_mode_and_writes_the_figures(tmp_path, cap
     with pytest.raises(SystemExit):
         async_sim.main(["--set", "gpu=8"])
     assert "unknown field 'gpu'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        async_sim.main(["--set", "carry_over=no"])
+    assert "carry_over is true or false" in capsys.readouterr().err
+    assert async_sim.main(["--steps", "3", "--json", str(out), "--set", *sets, "carry_over=False"]) == 0
+    assert json.loads(out.read_text())["setup"]["carry_over"] is False
