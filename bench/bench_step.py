@@ -59,13 +59,8 @@ def setup(config_name: str = "embedded"):
         [train_file],
         tok,
         files_key="data.train_files",
-        prompt_key=c.data.prompt_key,
-        reward_fn_key=c.data.reward_fn_key,
-        max_prompt_length=c.data.max_prompt_length,
-        filter_overlong_prompts=False,
-        truncation=c.data.truncation,
         max_samples=c.data.gen_batch_size,
-        seed=c.data.seed,
+        **c.data.prompt_kwargs(),
     )
     return c, model_dir, tok, train
 

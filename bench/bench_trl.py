@@ -283,13 +283,8 @@ class Evaluator:
             val_files,
             self.tokenizer,
             files_key="data.val_files",
-            prompt_key=c.data.prompt_key,
-            reward_fn_key=c.data.reward_fn_key,
-            max_prompt_length=c.data.max_prompt_length,
-            filter_overlong_prompts=c.data.filter_overlong_prompts,
-            truncation=c.data.truncation,
             max_samples=c.data.val_max_samples,
-            seed=c.data.seed,
+            **c.data.prompt_kwargs(),
         )
 
     def load(self, weights: str):
@@ -361,11 +356,7 @@ def check_prompt_parity(c, model_dir: str, train_file: str, rows: int = 64) -> N
             [str(head)],
             reference,
             files_key="data.train_files",
-            prompt_key=c.data.prompt_key,
-            reward_fn_key=c.data.reward_fn_key,
-            max_prompt_length=c.data.max_prompt_length,
-            filter_overlong_prompts=False,
-            truncation=c.data.truncation,
+            **c.data.prompt_kwargs(),
         )
         prompts = list(train_dataset(str(head))["prompt"])
     theirs = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]

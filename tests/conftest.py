@@ -14,6 +14,19 @@ EPS64 = torch.finfo(torch.float64).eps  # 2.2e-16
 EPS32 = torch.finfo(torch.float32).eps  # 1.2e-7
 
 
+def prompt_lengths(tokenizer, rows) -> list[int]:
+    """Tokens of each row's prompt through the chat template, as the engines build it (generation prompt added)."""
+    return [
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        for r in rows
+    ]
+
+
 def reorder_bound(terms: int, depth: int, eps: float, magnitude: float) -> float:
     """The most two summation orders can change a value computed through ``depth`` layers of sums of at most
     ``terms`` terms each, in a float format of machine epsilon ``eps``, when the terms' magnitudes sum to at most

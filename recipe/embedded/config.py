@@ -146,6 +146,19 @@ class DataConfig:
             apply_chat_template_kwargs=_get(config, "data.apply_chat_template_kwargs", {}),
         )
 
+    def prompt_kwargs(self) -> dict[str, Any]:
+        """How prompts are read from a file (``recipe.embedded.data.load_prompts``' keywords): one place for every
+        reader of this config's data."""
+        return {
+            "prompt_key": self.prompt_key,
+            "reward_fn_key": self.reward_fn_key,
+            "max_prompt_length": self.max_prompt_length,
+            "filter_overlong_prompts": self.filter_overlong_prompts,
+            "truncation": self.truncation,
+            "seed": self.seed,
+            "apply_chat_template_kwargs": self.apply_chat_template_kwargs,
+        }
+
 
 @dataclass(frozen=True)
 class RolloutConfig:

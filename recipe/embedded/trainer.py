@@ -585,15 +585,7 @@ def _load_data(c: EngineConfig, tokenizer) -> tuple[PromptSet, PromptSet]:
     task_dir = None
     if c.data.train_files is None or c.data.val_files is None:
         task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
-    common = dict(
-        prompt_key=c.data.prompt_key,
-        reward_fn_key=c.data.reward_fn_key,
-        max_prompt_length=c.data.max_prompt_length,
-        filter_overlong_prompts=c.data.filter_overlong_prompts,
-        truncation=c.data.truncation,
-        seed=c.data.seed,
-        apply_chat_template_kwargs=c.data.apply_chat_template_kwargs,
-    )
+    common = c.data.prompt_kwargs()
     train = load_prompts(
         c.data.train_files or [str(task_dir / "train.parquet")],
         tokenizer,

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from bench import ablation
 from recipe.cli import compose
 from recipe.embedded.config import read_config
+from tests.conftest import prompt_lengths
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -429,15 +430,7 @@ def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_t
     in_buffer = sum(budget - buffer < n <= budget for n in lengths) / len(lengths)
     assert 0.002 < over < 0.03  # the budget binds for the longest solutions only (6 columns, most of them carried)
     assert 0.15 < in_buffer < 0.40  # the long correct solutions (6 columns) are softly punished
-    prompts = [
-        len(
-            tokenizer(
-                tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
-                add_special_tokens=False,
-            )["input_ids"]
-        )
-        for r in spec.rows("train")
-    ]
+    prompts = prompt_lengths(tokenizer, spec.rows("train"))
     assert max(prompts) <= cfg.data.max_prompt_length
     assert max(prompts) + budget <= cfg.embedded.tiny_model["max_position_embeddings"]
 

@@ -11,6 +11,7 @@ from recipe.cli import compose
 from recipe.common.task import ChainTask, build_tokenizer, chain_solution, solution_text
 from recipe.common.warmup import task_files
 from recipe.embedded.config import ConfigError, read_config
+from tests.conftest import prompt_lengths
 
 
 def test_chain_solution_by_hand():
@@ -108,15 +109,7 @@ def test_the_chain_setting_budget_binds_for_the_longest_solutions_and_the_buffer
     in_buffer = sum(budget - buffer < n <= budget for n in lengths) / len(lengths)
     assert 0.02 < over <= 0.12  # the longest chains (8 operations on two-digit values) do not fit the budget
     assert 0.10 < in_buffer < 0.40  # the long correct solutions are softly punished
-    prompts = [
-        len(
-            tokenizer(
-                tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
-                add_special_tokens=False,
-            )["input_ids"]
-        )
-        for r in spec.rows("train")
-    ]
+    prompts = prompt_lengths(tokenizer, spec.rows("train"))
     assert max(prompts) <= cfg.data.max_prompt_length
     assert max(prompts) + budget <= cfg.embedded.tiny_model["max_position_embeddings"]
 
