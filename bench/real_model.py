@@ -33,7 +33,7 @@ PANELS = [  # (title, [(metric, label)])
     ("validation accuracy (held out)", [(VAL_PREFIX, "mean@k")]),
     ("entropy (nats / token)", [("actor/entropy", "")]),
     ("response length (tokens)", [("response_length/mean", "mean"), ("response_length/max", "max")]),
-    ("truncated fraction", [("response_length/clip_ratio", "at the budget")]),
+    ("truncated fraction", [("dapo/overlong_frac", "no end token (dapo.loss.truncated_responses)")]),
     ("clip fractions", [("actor/pg_clipfrac", "upper"), ("actor/pg_clipfrac_lower", "lower")]),
     ("kept-group fraction (dynamic sampling)", [("dapo/kept_group_frac", "")]),
 ]
