@@ -52,6 +52,7 @@ from pathlib import Path
 from bench.common import print_table, write_json
 
 MODES = ("sync", "colocate_async", "separate_async")
+SYNC_MAX_SPAN = 2  # sync: a carried group is trained one step after its own at the latest (max_carry_age 1)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class Rollout:
         self.generated += (self.slots - self.free) * dt / self.token_s
         self.now = t
 
-    def run(self, until: float = math.inf, groups: int | None = None, ready=None) -> float:
+    def run(self, until: float = math.inf, ready=None) -> float:
         """Decode until time ``until``, or until ``ready()`` is true (checked after each finished group), or until
         nothing is left; return the time."""
         self._fill()  # responses aborted earlier resume first
@@ -244,7 +245,7 @@ class Simulation:
         """Move finished groups into ``waiting``: the filter's drops and stale ones are refilled at once (async);
         return how many were dropped for staleness."""
         stale = 0
-        limit = self.s.max_off_policy_threshold if self.mode != "sync" else 2  # sync: carried one step at most
+        limit = self.s.max_off_policy_threshold if self.mode != "sync" else SYNC_MAX_SPAN
         while self.rollout.done:
             group = self.rollout.done.popleft()
             too_old = self.step - group.tag + 1 > limit
@@ -278,7 +279,7 @@ class Simulation:
 
     def _step_sync(self) -> StepRecord:
         s = self.s
-        self.waiting = [g for g in self.waiting if self.step - g.tag + 1 <= 2]  # carried groups: one step old at most
+        self.waiting = [g for g in self.waiting if self.step - g.tag + 1 <= SYNC_MAX_SPAN]
         for _ in range(s.max_num_gen_batches):
             needed = s.train_batch_size - len(self.waiting)
             if needed <= 0:
