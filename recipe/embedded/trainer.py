@@ -144,7 +144,8 @@ class EmbeddedTrainer:
 
     def __init__(self, cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> None:
         self.cfg, self.callbacks = cfg, list(callbacks)
-        self.c = read_config(cfg)
+        self.plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # resolved once
+        self.c = read_config(self.plain)
         self.run_dir = Path(self.c.trainer.run_dir).resolve()
         self.monitor: Monitor | None = None
         self._locked = False
@@ -154,7 +155,7 @@ class EmbeddedTrainer:
         """Check the inputs, lock the run directory, load the policy and data, build the optimizer, restore a
         checkpoint; False when there is nothing to train (a finished run, which says so)."""
         c = self.c
-        for setting in ignored_verl_keys(self.cfg):
+        for setting in ignored_verl_keys(self.plain):
             logger.warning("the embedded engine ignores %s", setting)
         # the cheap checks first: nothing is loaded, built or written before the inputs and the run directory pass
         self.identity = run_identity(self.cfg)
@@ -211,7 +212,7 @@ class EmbeddedTrainer:
             experiment=c.trainer.experiment_name,
             start_step=self.start_step,
             total_steps=self.total_steps,
-            config=OmegaConf.to_container(self.cfg, resolve=True, throw_on_missing=False),
+            config=self.plain,
             progress_bar=c.embedded.progress_bar,
             wandb_id=wandb_id,
         )
