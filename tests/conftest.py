@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,12 @@ def prompt_lengths(tokenizer, rows) -> list[int]:
     ]
 
 
+def run_process(argv, *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``argv`` run to its end, its stdout and stderr captured as text (``subprocess.run``'s other keywords pass
+    through: ``cwd``, ``env``, ``input``)."""
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
 def reorder_bound(terms: int, depth: int, eps: float, magnitude: float) -> float:
     """The most two summation orders can change a value computed through ``depth`` layers of sums of at most
     ``terms`` terms each, in a float format of machine epsilon ``eps``, when the terms' magnitudes sum to at most
@@ -43,6 +50,24 @@ AIME_PARQUET = TESTS_DIR.parents[1] / "shared" / "data" / "aime-2024.parquet"
 def embedded_cache(tmp_path_factory) -> Path:
     """One cache (task files, warmed-up model) for every embedded test of the session."""
     return tmp_path_factory.mktemp("dapo-cache")
+
+
+# The two-step run both engines make on the real model (tests/common/test_smollm2.py, tests/verl/test_cpu.py): the
+# same DAPO settings on each, on the unwarmed SmolLM2, which ends some responses by itself within the 96-token budget
+# and gets nothing right (so the accuracy filter is off and every group is trained)
+SMOLLM2_TWO_STEPS = {
+    "data.max_response_length": 96,
+    "data.train_batch_size": 2,
+    "data.gen_batch_size": 2,
+    "data.val_max_samples": 4,
+    "actor_rollout_ref.rollout.n": 2,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+    "algorithm.filter_groups.enable": False,
+    "reward.reward_kwargs.overlong_buffer_cfg.len": 16,
+    "trainer.total_training_steps": 2,
+    "trainer.test_freq": 2,
+}
 
 
 @pytest.fixture(scope="session")

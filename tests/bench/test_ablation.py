@@ -197,45 +197,21 @@ def test_verdicts_from_hand_made_summaries():
         "acc_drawdown": [0.04, 0.04, 0.04],
         "steps_to_target_censored": [20, 20, 25],
     }
-    row_seeds = [
-        base,
+    changes = [  # each row after the baseline: the previous row's seeds with these changed
         # overlong filtering: accuracy +0.01 in every seed (shown), drawdown -0.02 in every seed (shown)
-        {**base, "val_acc": [0.51, 0.53, 0.55], "acc_drawdown": [0.02, 0.02, 0.02]},
+        {"val_acc": [0.51, 0.53, 0.55], "acc_drawdown": [0.02, 0.02, 0.02]},
         # clip-higher: accuracy unchanged, entropy +0.05 / -0.01 / +0.02 (interval includes 0)
-        {
-            **base,
-            "val_acc": [0.51, 0.53, 0.55],
-            "acc_drawdown": [0.02, 0.02, 0.02],
-            "final_entropy": [0.35, 0.31, 0.36],
-        },
+        {"final_entropy": [0.35, 0.31, 0.36]},
         # soft punishment: truncation up by 0.02 in every seed (the wrong way), accuracy unchanged
-        {
-            **base,
-            "val_acc": [0.51, 0.53, 0.55],
-            "acc_drawdown": [0.02, 0.02, 0.02],
-            "final_entropy": [0.35, 0.31, 0.36],
-            "truncated_frac": [0.07, 0.07, 0.07],
-        },
+        {"truncated_frac": [0.07, 0.07, 0.07]},
         # token-level loss: accuracy +0.02 (shown), repetition up 0.05 (opposite): mixed
-        {
-            **base,
-            "val_acc": [0.53, 0.55, 0.57],
-            "acc_drawdown": [0.02, 0.02, 0.02],
-            "final_entropy": [0.35, 0.31, 0.36],
-            "truncated_frac": [0.07, 0.07, 0.07],
-            "final_repeat": [0.15] * 3,
-        },
+        {"val_acc": [0.53, 0.55, 0.57], "final_repeat": [0.15] * 3},
         # dynamic sampling: 5 steps sooner in every seed, one of them censored (never reached: budget + 1)
-        {
-            **base,
-            "val_acc": [0.53, 0.55, 0.57],
-            "acc_drawdown": [0.02, 0.02, 0.02],
-            "final_entropy": [0.35, 0.31, 0.36],
-            "truncated_frac": [0.07, 0.07, 0.07],
-            "final_repeat": [0.15] * 3,
-            "steps_to_target_censored": [15, 15, 20],
-        },
+        {"steps_to_target_censored": [15, 15, 20]},
     ]
+    row_seeds = [base]
+    for change in changes:
+        row_seeds.append({**row_seeds[-1], **change})
     summaries = [_summary(name, seeds) for name, seeds in zip(names, row_seeds)]
     summaries[4]["per_seed"]["steps_to_target"] = [10, 10, None]
     summaries[5]["per_seed"]["steps_to_target"] = [10, 10, None]

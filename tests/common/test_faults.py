@@ -20,6 +20,7 @@ from recipe.common.rundir import LOCK_FILE
 from recipe.common.task import AdditionTask
 from recipe.embedded.checkpoint import TRACKER, damage
 from recipe.embedded.monitor import read_metrics
+from tests.conftest import run_process
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
@@ -73,7 +74,7 @@ def test_a_second_run_in_a_busy_directory_refuses_at_once_on_both_entry_points(t
             [sys.executable, "-m", "recipe.dapo.main_dapo", *_verl_args(tmp_path, run_dir)],
         ):
             started = time.monotonic()
-            second = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+            second = run_process(command, cwd=REPO, env=ENV, timeout=300)
             assert second.returncode == 2, second.stderr[-2000:]
             message = second.stderr.strip().splitlines()[-1]
             assert (
@@ -115,13 +116,8 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(tiny_r
     assert first.returncode == 130, text[-2000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
     assert f"dapo-train: interrupted; the checkpoints in {run_dir} are kept" in text
-    resumed = subprocess.run(
-        [sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)],
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    resumed = run_process(
+        [sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)], cwd=REPO, env=ENV, timeout=300
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
@@ -160,13 +156,8 @@ def test_a_full_disk_during_a_checkpoint_is_named_and_never_taken_for_a_checkpoi
         "trainer.test_freq": -1,
         "trainer.val_before_train": False,
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)],
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_process(
+        [sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)], cwd=REPO, env=ENV, timeout=600
     )
     assert result.returncode == 1, result.stderr[-3000:]
     message = result.stderr.strip().splitlines()[-1]
@@ -301,12 +292,10 @@ def test_main_dapo_refuses_a_misspelt_key_and_a_bad_value_with_exit_code_2(tmp_p
         ("actor_rollout_ref.rollout.nn=4", "actor_rollout_ref.rollout.nn"),
         ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p must be"),
     ):
-        result = subprocess.run(
+        result = run_process(
             [sys.executable, "-m", "recipe.dapo.main_dapo", *_verl_args(tmp_path, tmp_path / "run", override)],
             cwd=REPO,
             env=ENV,
-            capture_output=True,
-            text=True,
             timeout=300,
         )
         assert result.returncode == 2, result.stderr[-2000:]

@@ -19,10 +19,11 @@ from recipe.common.cpu import cpu_has_bf16
 from recipe.common.gguf_model import END_OF_TURN, SMOLLM2_GGUF, smollm2_gguf
 from recipe.common.word_problems import WordProblemTask
 from recipe.embedded.monitor import read_metrics
+from tests.conftest import SMOLLM2_TWO_STEPS
 
 pytestmark = pytest.mark.slow
 
-BUDGET = 96
+BUDGET = SMOLLM2_TWO_STEPS["data.max_response_length"]
 
 
 @pytest.fixture
@@ -80,17 +81,7 @@ def test_word_problems_are_verifiable_and_disjoint():
 def _embedded_overrides(assets: Path, run_dir: Path, **extra) -> list[str]:
     values = {
         "smollm2.assets": str(assets),
-        "data.max_response_length": BUDGET,
-        "data.train_batch_size": 2,
-        "data.gen_batch_size": 2,
-        "data.val_max_samples": 4,
-        "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "algorithm.filter_groups.enable": False,  # the unwarmed model gets nothing right: train every group
-        "reward.reward_kwargs.overlong_buffer_cfg.len": 16,
-        "trainer.total_training_steps": 2,
-        "trainer.test_freq": 2,
+        **SMOLLM2_TWO_STEPS,
         "trainer.save_freq": 2,
         "trainer.logger": "[console]",
         "trainer.default_local_dir": str(run_dir),

@@ -126,19 +126,9 @@ def test_table_equals_verl_registry_on_random_inputs(mode, agg, seed):
     theirs_lp = log_prob.clone().requires_grad_(True)
     theirs, theirs_metrics = get_policy_loss_fn(mode)(old, theirs_lp, adv, mask, agg, actor, weights)
     ours_lp = log_prob.clone().requires_grad_(True)
+    clips = {"clip_ratio_low": low, "clip_ratio_high": high, "clip_ratio_c": c}
     ours, ours_metrics = LOSS_MODES[mode](
-        ours_lp,
-        old,
-        adv,
-        mask,
-        clip_ratio_low=low,
-        clip_ratio_high=high,
-        clip_ratio_c=c,
-        loss_agg_mode=agg,
-        batch_num_tokens=info["batch_num_tokens"],
-        global_batch_size=info["global_batch_size"],
-        dp_size=2,
-        rollout_is_weights=weights,
+        ours_lp, old, adv, mask, loss_agg_mode=agg, rollout_is_weights=weights, **clips, **info
     )
     # float64 inputs, the same formula in another order of operations: 8 x 12 = 96 terms of per-token losses
     # below |A| * max(ratio, c) * weight < 60 here, so the reordering bound is 96 * 4 * eps64 * 60 = 5e-12;

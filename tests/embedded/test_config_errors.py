@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import types
 
@@ -11,6 +10,7 @@ import pytest
 
 from recipe import cli
 from recipe.common.task import AdditionTask
+from tests.conftest import run_process
 
 
 def _rows(digits: int = 1) -> list[dict]:
@@ -32,9 +32,7 @@ def _error(capsys, overrides) -> str:
 
 def test_misspelt_key_fails_at_once_naming_it_without_traceback():
     # a real process, as the user runs it: composing fails before anything else is imported or built
-    result = subprocess.run(
-        [sys.executable, "-m", "recipe.cli", "data.trian_batch_size=8"], capture_output=True, text=True, timeout=120
-    )
+    result = run_process([sys.executable, "-m", "recipe.cli", "data.trian_batch_size=8"], timeout=120)
     assert result.returncode == 2
     assert "dapo-train: error: Could not override 'data.trian_batch_size'" in result.stderr
     assert "Key 'trian_batch_size' is not in struct" in result.stderr

@@ -17,6 +17,7 @@ from recipe.common.task import AdditionTask
 from recipe.embedded.checkpoint import STATE_FILE, TRACKER
 from recipe.embedded.config import ConfigError
 from recipe.embedded.guard import UpdateGuard
+from tests.conftest import run_process
 
 
 def _rows(digits: int = 1) -> list[dict]:
@@ -306,16 +307,11 @@ def test_verl_engine_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_main_dapo_says_a_bad_input_in_one_line(tmp_path):
-    import subprocess
     import sys
 
     missing = tmp_path / "nowhere.parquet"
-    result = subprocess.run(
-        [sys.executable, "-m", "recipe.dapo.main_dapo", f"data.train_files={missing}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_process(
+        [sys.executable, "-m", "recipe.dapo.main_dapo", f"data.train_files={missing}"], cwd=tmp_path, timeout=300
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from recipe import cli
 from recipe.embedded.checkpoint import TRACKER
 from recipe.embedded.monitor import read_metrics
+from tests.conftest import run_process
 
 STEPS = 6
 
@@ -57,7 +58,7 @@ def test_killed_run_resumes_where_it_stopped(tiny_run, tmp_path):
     assert resumed_from < STEPS, "the process finished before it could be killed"
 
     # started again with the same command: it resumes from the latest checkpoint
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = run_process(command, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resumed from {run_dir / f'global_step_{resumed_from}'}" in result.stdout
 

@@ -32,7 +32,11 @@ def _without_timing(record: dict) -> dict:
 @pytest.mark.slow
 def test_short_run_trains_every_parameter_and_logs_documented_metrics(tiny_run, tiny_start_weights, tmp_path):
     run_dir = tmp_path / "run"
-    extra = {"trainer.logger": "[console,wandb]", "actor_rollout_ref.actor.optim.weight_decay": 0.0}
+    extra = {
+        "trainer.logger": "[console,wandb]",
+        "actor_rollout_ref.actor.optim.weight_decay": 0.0,
+        "trainer.validation_data_dir": str(tmp_path / "val"),
+    }
     assert cli.main(tiny_run(run_dir, extra)) == 0
 
     records = read_metrics(run_dir)
@@ -42,6 +46,17 @@ def test_short_run_trains_every_parameter_and_logs_documented_metrics(tiny_run, 
         assert math.isfinite(record["actor/pg_loss"]) and math.isfinite(record["actor/grad_norm"])
     assert "val-core/synthetic_addition/acc/mean@2" in records[0]
     assert "val-core/synthetic_addition/acc/mean@2" in records[-1]
+
+    # each validation's responses, as verl writes them: n consecutive lines a prompt, the logged accuracy their mean
+    for record in (records[0], records[-1]):
+        lines = [json.loads(line) for line in (tmp_path / "val" / f"{record['step']}.jsonl").read_text().splitlines()]
+        assert {tuple(sorted(line)) for line in lines} == {("acc", "gts", "input", "output", "score", "step")}
+        assert {line["step"] for line in lines} == {record["step"]}
+        assert all(lines[i]["input"] == lines[i + 1]["input"] for i in range(0, len(lines), 2))
+        assert len({line["input"] for line in lines}) == len(lines) // 2
+        assert sum(line["acc"] for line in lines) / len(lines) == pytest.approx(
+            record["val-core/synthetic_addition/acc/mean@2"], rel=0, abs=1e-9
+        )
 
     logged = {key for record in records for key in record if key != "step"}
     undocumented = sorted(name for name in logged if not _documented(name))

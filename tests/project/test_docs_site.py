@@ -4,11 +4,12 @@ every settings field's ``help`` and every metric of ``METRIC_DOCS`` is on its pa
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_process
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # the extension that writes the reference pages
@@ -19,10 +20,8 @@ pytest.importorskip("myst_parser")
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    result = subprocess.run(
+    result = run_process(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"), str(out)],
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]  # -W: a warning fails the build

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_process
+
 REPO = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(
     ".venv",
@@ -116,25 +118,13 @@ def test_wheel_installed_in_a_fresh_venv_runs_from_any_directory(tmp_path, embed
         "trainer.logger=[console]",
         "trainer.default_local_dir=run",
     ]
-    result = subprocess.run(
-        [str(venv / "bin" / "dapo-train"), *overrides],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_process([str(venv / "bin" / "dapo-train"), *overrides], cwd=elsewhere, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (elsewhere / "run" / "global_step_1" / "actor" / "model.safetensors").is_file()
 
     # the verl engine's entry point composes its config from the installed copy (--cfg job: print it, run nothing)
-    result = subprocess.run(
-        [str(python), "-m", "recipe.dapo.main_dapo", "--cfg", "job"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_process(
+        [str(python), "-m", "recipe.dapo.main_dapo", "--cfg", "job"], cwd=elsewhere, env=env, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "clip_ratio_high: 0.28" in result.stdout and "trainer_mode: dapo" in result.stdout

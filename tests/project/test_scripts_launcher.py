@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+from tests.conftest import run_process
 
 pytest.importorskip("verl")
 from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
@@ -29,9 +30,7 @@ MODULE = "recipe.dapo.main_dapo"
 def dry_run(script: str, *args: str, **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("NNODES", "GPUS_PER_NODE", "MODEL_PATH"))}
     clean |= {"DRY_RUN": "1", "PATH": "/usr/bin:/bin", "HOME": "/home/user", **env}  # no ray on this PATH
-    result = subprocess.run(
-        ["bash", str(REPO / "scripts" / script), *args], env=clean, capture_output=True, text=True, timeout=60
-    )
+    result = run_process(["bash", str(REPO / "scripts" / script), *args], env=clean, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -166,7 +165,5 @@ def test_smoke_command_composes_for_one_gpu():
 
 def test_without_dry_run_it_needs_ray():
     env = {k: v for k, v in os.environ.items()} | {"PATH": "/usr/bin:/bin", "DRY_RUN": "0"}
-    result = subprocess.run(
-        ["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh")], env=env, capture_output=True, text=True, timeout=60
-    )
+    result = run_process(["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh")], env=env, timeout=60)
     assert result.returncode == 1 and "'ray' command is not on PATH" in result.stderr

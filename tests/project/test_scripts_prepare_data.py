@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from tests.conftest import run_process
 
 REPO = Path(__file__).resolve().parents[2]
 AIME = REPO.parent / "shared" / "data" / "aime-2024.parquet"
@@ -153,10 +154,7 @@ def test_malformed_files(tmp_path, capsys, name, content, message):
 
 
 def test_missing_file_and_cli_exit_status(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--train", str(tmp_path / "nope.parquet"), "--val", "none"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_process(
+        [sys.executable, str(SCRIPT), "--train", str(tmp_path / "nope.parquet"), "--val", "none"], timeout=120
     )
     assert result.returncode == 1 and "no such file" in result.stderr

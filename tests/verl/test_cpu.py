@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.verl_cpu, pytest.mark.slow]
 
 sys.path.insert(0, str(REPO))
 from recipe.dapo.cpu.run import CPU_ENV  # noqa: E402  (plain dict, no verl import)
+from tests.conftest import SMOLLM2_TWO_STEPS  # noqa: E402
 
 
 def _env(run_dir: Path) -> dict[str, str]:
@@ -97,20 +98,37 @@ def _kill_ray_processes(marker: str) -> list[int]:
     return killed
 
 
+def _command(run_dir: Path, **extra) -> list[str]:
+    """``python -m recipe.dapo.cpu.run`` (prepare + ``main_dapo +experiment=...``) with the run's overrides."""
+    return [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **extra)]
+
+
+def _checkpoint_every_step(total: int) -> dict:
+    """Overrides of a run of ``total`` steps, each one checkpointed, nothing validated: a run to kill."""
+    return {
+        "trainer.total_training_steps": total,
+        "trainer.save_freq": 1,
+        "trainer.test_freq": -1,
+        "trainer.val_before_train": False,
+    }
+
+
+def _start(run_dir: Path, env: dict, log, **extra) -> subprocess.Popen:
+    """:func:`_command` started in a session of its own (so that a test can signal its process group), its output
+    into ``log``."""
+    return subprocess.Popen(
+        _command(run_dir, **extra), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
 def train(run_dir: Path, experiment: str = "cpu_tiny", **extra) -> subprocess.CompletedProcess:
-    """``python -m recipe.dapo.cpu.run`` (prepare + ``main_dapo +experiment=<experiment>``) to the end."""
+    """:func:`_command` with ``+experiment=<experiment>``, to the end; its output in ``console.log``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**_env(run_dir), "DAPO_VERL_CPU_EXPERIMENT": experiment}
     with open(run_dir / "console.log", "w") as log:
-        proc = subprocess.run(
-            [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **extra)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=RUN_TIMEOUT_S,
+        return subprocess.run(
+            _command(run_dir, **extra), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
         )
-    return proc
 
 
 def metrics(run_dir: Path, name: str = "metrics.jsonl") -> dict[int, dict]:
@@ -222,18 +240,8 @@ def test_two_steps_on_the_real_model(own_tmp, smollm2_assets):
         "cpu_smollm2",
         **{
             "smollm2.assets": str(smollm2_assets),
-            "data.max_response_length": 96,
-            "data.train_batch_size": 2,
-            "data.gen_batch_size": 2,
-            "data.val_max_samples": 4,
-            "actor_rollout_ref.rollout.n": 2,
-            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+            **SMOLLM2_TWO_STEPS,
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-            "algorithm.filter_groups.enable": False,
-            "reward.reward_kwargs.overlong_buffer_cfg.len": 16,
-            "trainer.total_training_steps": 2,
-            "trainer.test_freq": 2,
             "trainer.save_freq": -1,
             **dtypes,
         },
@@ -241,9 +249,10 @@ def test_two_steps_on_the_real_model(own_tmp, smollm2_assets):
     assert proc.returncode == 0, _tail(run_dir)
     steps = metrics(run_dir)
     assert "val-core/word_problems/acc/mean@1" in steps[0] and "val-core/word_problems/acc/mean@1" in steps[2]
+    budget = SMOLLM2_TWO_STEPS["data.max_response_length"]
     for step in (1, 2):
         record = steps[step]
-        assert 0 < record["response_length/mean"] <= 96 and record["actor/entropy"] > 0
+        assert 0 < record["response_length/mean"] <= budget and record["actor/entropy"] > 0
         assert record["dapo/overlong_frac"] <= record["response_length/clip_ratio"]
         assert math.isfinite(record["actor/pg_loss"])
     # vLLM stopped some responses on the model's end of turn (stopping on <|im_start|> would truncate them all)
@@ -321,21 +330,9 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
     run_dir = own_tmp / "resume"
     run_dir.mkdir()
     total = 6
-    common = {
-        "trainer.total_training_steps": total,
-        "trainer.save_freq": 1,
-        "trainer.test_freq": -1,
-        "trainer.val_before_train": False,
-    }  # cpu_tiny keeps 2 checkpoints: K and K - 1
+    common = _checkpoint_every_step(total)  # cpu_tiny keeps 2 checkpoints: K and K - 1
     with open(run_dir / "console.log", "w") as log:
-        first = subprocess.Popen(
-            [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
-            cwd=REPO,
-            env=_env(run_dir),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        first = _start(run_dir, _env(run_dir), log, **common)
         try:
             tracker = run_dir / "latest_checkpointed_iteration.txt"
             _wait_for(
@@ -385,12 +382,7 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tm
     run_dir = own_tmp / "interrupted"
     run_dir.mkdir()
     total = 3
-    common = {
-        "trainer.total_training_steps": total,
-        "trainer.save_freq": 1,
-        "trainer.test_freq": -1,
-        "trainer.val_before_train": False,
-    }
+    common = _checkpoint_every_step(total)
     online = {
         **_env(run_dir),
         "WANDB_MODE": "online",
@@ -398,14 +390,7 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tm
         "WANDB_BASE_URL": f"http://127.0.0.1:{_free_port()}",
     }  # nothing listens there
     with open(run_dir / "console.log", "w") as log:
-        first = subprocess.Popen(
-            [str(VERL_PY), "-m", "recipe.dapo.cpu.run", *_overrides(run_dir, **common)],
-            cwd=REPO,
-            env=online,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        first = _start(run_dir, online, log, **common)
         tracker = run_dir / "latest_checkpointed_iteration.txt"
         try:
             _wait_for(

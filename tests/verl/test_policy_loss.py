@@ -27,6 +27,8 @@ from dapo.loss import overlong_filter_mask, policy_loss  # noqa: E402
 from tests.conftest import EPS32, EPS64, reorder_bound  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+# actor_config's clip range and dual-clip bound, as dapo.loss names them
+CLIPS_32B = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 10.0}
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -66,26 +68,9 @@ def test_registry_dispatch_equals_dapo_loss(actor_config, mode, seed):
         "loss_scale_factor": None,
     }
     set_batch_info(actor_config, batch_info)
-    via_verl, verl_metrics = get_policy_loss_fn("dapo")(
-        old_log_prob=old,
-        log_prob=log_prob,
-        advantages=adv,
-        response_mask=mask,
-        loss_agg_mode=mode,
-        config=actor_config,
-        rollout_is_weights=None,
-    )
-    direct, metrics = policy_loss(
-        log_prob,
-        old,
-        adv,
-        mask,
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-        clip_ratio_c=10.0,
-        loss_agg_mode=mode,
-        **batch_info,
-    )
+    # verl's signature: old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    via_verl, verl_metrics = get_policy_loss_fn("dapo")(old, log_prob, adv, mask, mode, actor_config, None)
+    direct, metrics = policy_loss(log_prob, old, adv, mask, loss_agg_mode=mode, **CLIPS_32B, **batch_info)
     torch.testing.assert_close(via_verl, direct, rtol=0, atol=0)
     assert verl_metrics == metrics
 
@@ -95,16 +80,7 @@ def test_registry_dispatch_passes_rollout_is_weights(actor_config):
     weights = torch.rand(6, 10, generator=torch.Generator().manual_seed(3))
     set_batch_info(actor_config, {})
     via_verl, _ = get_policy_loss_fn("dapo")(old, log_prob, adv, mask, "token-mean", actor_config, weights)
-    direct, _ = policy_loss(
-        log_prob,
-        old,
-        adv,
-        mask,
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-        clip_ratio_c=10.0,
-        rollout_is_weights=weights,
-    )
+    direct, _ = policy_loss(log_prob, old, adv, mask, rollout_is_weights=weights, **CLIPS_32B)
     torch.testing.assert_close(via_verl, direct, rtol=0, atol=0)  # the same function on the same tensors
 
 
