@@ -208,6 +208,8 @@ class StepRecord:
     trainer_wait_s: float  # seconds the trainer waited for data (separate_async)
     spans: list[int]  # staleness of the trained groups: steps from submission to training (1 = fresh)
     dropped_stale: int  # groups dropped for staleness
+    decode_busy: float = 0.0  # slot-seconds the rollout decoded during the step
+    decode_capacity: float = 0.0  # slot-seconds it could have decoded (while it ran, and while weights moved)
 
 
 class Simulation:
@@ -271,9 +273,11 @@ class Simulation:
             self.submit(s.num_warmup_batches * s.train_batch_size)
         for _ in range(steps):
             self.step += 1
-            start = self.rollout.now
+            start, busy, capacity = self.rollout.now, self.rollout.busy, self.rollout.capacity
             record = getattr(self, f"_step_{self.mode}")()
             record.time = self.rollout.now - start
+            record.decode_busy = self.rollout.busy - busy
+            record.decode_capacity = self.rollout.capacity - capacity
             self.records.append(record)
         return self.records
 
@@ -345,12 +349,13 @@ class Simulation:
         total = sum(r.time for r in records)
         train_gpu_s = sum(r.train_s for r in records) * self.train_gpus
         spans = [x for r in records for x in r.spans]
-        rollout = self.rollout
-        decode_util = rollout.busy / rollout.capacity if rollout.capacity else 0.0
+        busy = sum(r.decode_busy for r in records)  # slot-seconds, over the counted steps only
+        capacity = sum(r.decode_capacity for r in records)
+        decode_util = busy / capacity if capacity else 0.0
         if self.mode == "separate_async":
             gpu_busy = decode_util * self.rollout_gpus * total + train_gpu_s
         else:  # the same GPUs generate and train: busy while decoding (by slot use) and while training
-            gpu_busy = rollout.busy / rollout.slots * s.gpus * total / rollout.now + train_gpu_s
+            gpu_busy = busy / self.rollout.slots * s.gpus + train_gpu_s
         return {
             "step_s": total / len(records),
             "trained_responses_per_s": s.train_batch_size * s.n * len(records) / total,

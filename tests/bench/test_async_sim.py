@@ -139,3 +139,19 @@ def test_the_command_line_prints_every_mode_and_writes_the_figures(tmp_path, cap
     assert "carry_over is true or false" in capsys.readouterr().err
     assert async_sim.main(["--steps", "3", "--json", str(out), "--set", *sets, "carry_over=False"]) == 0
     assert json.loads(out.read_text())["setup"]["carry_over"] is False
+
+
+@pytest.mark.parametrize("mode", async_sim.MODES)
+def test_idle_fractions_count_only_the_steps_after_the_warm_up(mode):
+    # the steps' decoding shares partition the rollout's whole-run totals, and a summary that skips every step but
+    # the last is that step's own share (the warm-up steps, with their empty pipeline, do not dilute it)
+    s = replace(SMALL, keep_frac=0.5, sigma_prompt=1.0)
+    sim = Simulation(s, mode, seed=3)
+    records = sim.run(6)
+    assert sum(r.decode_busy for r in records) == pytest.approx(sim.rollout.busy)
+    assert sum(r.decode_capacity for r in records) == pytest.approx(sim.rollout.capacity)
+    last = records[-1]
+    assert sim.summary(5)["rollout_idle_frac"] == pytest.approx(1 - last.decode_busy / last.decode_capacity)
+    if mode != "separate_async":  # the same GPUs decode and train
+        busy_gpu_s = last.decode_busy / sim.rollout.slots * s.gpus + last.train_s * s.gpus
+        assert sim.summary(5)["gpu_idle_frac"] == pytest.approx(1 - busy_gpu_s / (s.gpus * last.time))
