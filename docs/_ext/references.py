@@ -12,7 +12,8 @@ SETTINGS = ("RunSettings", "LossSettings", "FilterSettings", "SamplingSettings",
 
 
 def _cell(text) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    # a table cell on one line; | would end the cell and <word> would be read as an HTML tag (and vanish)
+    return " ".join(str(text).split()).replace("|", "\\|").replace("<", "\\<")
 
 
 def configuration_page() -> str:

@@ -347,6 +347,10 @@ class RewardConfig:
         )
 
 
+def _optional_path(value) -> str | None:
+    return os.path.expanduser(str(value)) if value else None
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """``trainer.*``: how long, how often to validate and save, where, and what to log."""
@@ -367,6 +371,10 @@ class TrainerConfig:
     resume_from_path: str | None = _key("trainer.resume_from_path", "the checkpoint resume_mode=resume_path takes")
     val_before_train: bool = _key("trainer.val_before_train", "validate the start model (skipped when resuming)")
     val_only: bool = _key("trainer.val_only", "validate and stop")
+    validation_data_dir: str | None = _key(
+        "trainer.validation_data_dir",
+        "where each validation's responses are written, <step>.jsonl (input, output, gts, score, acc); null: not",
+    )
     max_ckpt_to_keep: int | None = _key("trainer.max_actor_ckpt_to_keep", "checkpoints kept (null: all)")
 
     @classmethod
@@ -391,6 +399,7 @@ class TrainerConfig:
             resume_from_path=resume_from,
             val_before_train=bool(_get(config, "trainer.val_before_train")),
             val_only=bool(_get(config, "trainer.val_only")),
+            validation_data_dir=_optional_path(_get(config, "trainer.validation_data_dir")),
             max_ckpt_to_keep=_get(config, "trainer.max_actor_ckpt_to_keep"),
         )
 

@@ -61,6 +61,8 @@ def test_the_references_are_the_declarations(site):
     html = (site / "reference" / "metrics.html").read_text()
     assert "dapo/kept_group_frac" in html and "actor/pg_clipfrac" in html
     assert "responses per prompt" in (site / "reference" / "configuration.html").read_text()
+    # a help text's <word> is shown as written, not read as an HTML tag (trainer.validation_data_dir's <step>.jsonl)
+    assert "&lt;step&gt;.jsonl" in (site / "reference" / "configuration.html").read_text()
 
 
 def test_make_docs_names_a_real_target():
