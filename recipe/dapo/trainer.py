@@ -165,6 +165,17 @@ class DAPOTrainer(PPOTrainerSync):
         )
         return super()._update_actor(batch, metrics)
 
+    def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        # verl 0.9.1 (trainer/ppo/v1/trainer_base.py, _compute_metrics -> trainer/ppo/metric_utils.py,
+        # compute_data_metrics) takes the budget as the batch's padded width, and V1 pads the batch to its longest
+        # response: its response_length/clip_ratio counts the responses as long as the longest, truncated or not
+        # (0.125 in real-model steps with none truncated: a group of 4 equal responses at the batch's longest).
+        # The metric's meaning (dapo.metrics.METRIC_DOCS, the embedded engine's) is the truncated fraction, which
+        # the overlong filter counted over the same responses.
+        if "dapo/overlong_frac" in metrics:
+            metrics["response_length/clip_ratio"] = metrics["dapo/overlong_frac"]
+
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_old_log_prob(batch, metrics)
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:  # recipe/dapo/weight_sync.py
