@@ -177,6 +177,37 @@ def healthy_run():
         yield run_dir, metrics(run_dir)
 
 
+PAUSE_CHECK = """
+import asyncio
+import verl  # loads the CPU platform (VERL_USE_EXTERNAL_MODULES), which patches AsyncLLM now or once it is imported
+from vllm.v1.engine.async_llm import AsyncLLM
+assert AsyncLLM.pause_generation._dapo_cpu_patched
+calls = []
+class Core:
+    async def pause_scheduler_async(self, mode, clear_cache):
+        calls.append([mode, clear_cache])
+class Renderer:
+    async def clear_mm_cache_async(self):
+        pass
+engine = type("Engine", (), {"engine_core": Core(), "renderer": Renderer()})()
+asyncio.run(AsyncLLM.pause_generation(engine, wait_for_inflight_requests=False, clear_cache=True))  # verl's call
+asyncio.run(AsyncLLM.pause_generation(engine, wait_for_inflight_requests=True, clear_cache=False))
+asyncio.run(AsyncLLM.pause_generation(engine, mode="keep"))  # vLLM 0.32's own keywords still work
+print(calls)
+"""
+
+
+def test_vllm_pause_accepts_verls_keyword(own_tmp):
+    """The asynchronous trainers pause vLLM with verl 0.9.1's keyword (``wait_for_inflight_requests``), which vLLM
+    0.32 renamed (``mode``): in a process on the CPU platform, the real ``AsyncLLM.pause_generation`` takes both,
+    patched when vLLM is imported (recipe/dapo/cpu/platform.py), reaching the engine core with vLLM's mode."""
+    result = subprocess.run(
+        [str(VERL_PY), "-c", PAUSE_CHECK], cwd=REPO, env=_env(own_tmp), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[['abort', True], ['wait', False], ['keep', True]]"
+
+
 def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
     run_dir, steps = healthy_run
     train_steps = [steps[s] for s in (1, 2, 3)]
