@@ -62,11 +62,25 @@ METRIC_DOCS: dict[str, str] = {
     "dapo/discarded_groups": "surplus groups thrown away; 0 with carry-over",
     "dapo/dropped_stale_groups": "carried groups dropped as older than max_carry_age policy versions; near 0",
     "dapo/saturated_prompts": "distinct prompts currently on an all-correct / all-wrong streak (saturation skip)",
-    "dapo/generated_prompts": "prompts generated this step over all rounds",
+    "dapo/generated_prompts": "prompts generated this step over all rounds (asynchronous modes: groups that finished "
+    "this step)",
     "dapo/kept_frac_estimate": "running kept-fraction estimate that sizes adaptive rounds; tracks dapo/kept_group_frac",
     "dapo/carried_groups": "groups carried in from the previous step (carry-over)",
     "dapo/skipped_prompts": "prompts skipped before generation as saturated (saturation skip)",
     "dapo/generated_per_trained": "responses generated per trained response; 1 is the floor, lower is cheaper",
+    # asynchronous training (verl engine, trainer.v1.trainer_mode=dapo_colocate_async): verl's own metrics
+    "training/off_policy/trajectory_staleness/mean": "verl engine, asynchronous modes: weight updates between the "
+    "newest weights that sampled a trained response and the weights being trained, mean over the batch (0 = sampled "
+    "by the last update's weights)",
+    "training/off_policy/trajectory_staleness/max": "the same, largest in the batch",
+    "training/off_policy/trajectory_staleness_worst/max": "weight updates between the oldest weights that sampled part "
+    "of a trained response (its first segment) and the weights being trained, largest in the batch",
+    "training/off_policy/trajectory_spans/max": "weight versions one trained response was sampled by, largest in the "
+    "batch: above 1 when a partial rollout resumed on newer weights",
+    "training/off_policy/evicted_samples": "groups dropped as older than trainer.v1.sampler.max_off_policy_threshold "
+    "steps since their prompt was submitted (strategy drop); near 0",
+    "training/filter_groups/evicted_samples": "verl engine, asynchronous modes: groups evicted by the accuracy filter "
+    "this step (each replaced by a new prompt); dapo/filtered_all_correct + dapo/filtered_all_wrong",
     # timing
     "timing_s/gen": "seconds spent generating this step (all rounds)",
     "timing_s/reward": "seconds scoring responses this step (all rounds; part of timing_s/gen)",

@@ -58,7 +58,7 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
     """The DAPO settings of ``config`` (:class:`dapo.settings.DapoSettings`, built as the embedded engine builds them);
     raise :class:`ConfigError` naming the key to set when the config cannot train DAPO on verl's V1 trainer."""
     from recipe.dapo.sampler import DynamicSamplingSettings
-    from recipe.dapo.trainer import TRAINER_MODE, require_dapo_sampler
+    from recipe.dapo.trainer import COLOCATE_ASYNC_MODE, TRAINER_MODE, require_dapo_sampler
 
     settings = DapoSettings.from_config(OmegaConf.to_container(config, resolve=True))
     if not config.trainer.use_v1:
@@ -68,7 +68,7 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
         )
     mode = config.trainer.v1.trainer_mode
     overlong_filter = settings.overlong.filter
-    if mode == TRAINER_MODE:
+    if mode in (TRAINER_MODE, COLOCATE_ASYNC_MODE):
         require_dapo_sampler(config)
     elif mode == "sync":
         if overlong_filter:
@@ -76,14 +76,23 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
                 "dapo.overlong_filter=true needs the DAPO trainer, which masks truncated responses out of the loss; "
                 f"set trainer.v1.trainer_mode={TRAINER_MODE} (or dapo.overlong_filter=false for verl's sync trainer)"
             )
+    elif mode in ("colocate_async", "separate_async"):
+        raise ConfigError(
+            f"trainer.v1.trainer_mode={mode} is verl's own asynchronous trainer, without DAPO's overlong filter and "
+            f"accuracy filter; set trainer.v1.trainer_mode={COLOCATE_ASYNC_MODE} (separate_async has no DAPO "
+            "trainer yet)"
+        )
     else:
         raise ConfigError(
-            f"trainer.v1.trainer_mode={mode!r}: DAPO's dynamic sampling fills each batch from generation rounds of "
-            f"the current policy, so it trains synchronously; set trainer.v1.trainer_mode={TRAINER_MODE}"
+            f"trainer.v1.trainer_mode={mode!r} is not a DAPO trainer; set trainer.v1.trainer_mode={TRAINER_MODE} "
+            f"(verl's synchronous loop) or {COLOCATE_ASYNC_MODE} (its colocated asynchronous loop)"
         )
     sampler_kwargs = OmegaConf.to_container(config.trainer.v1.sampler.sampler_kwargs, resolve=True)
     if select(config, "trainer.v1.sampler.custom_sampler.path"):
-        DynamicSamplingSettings.from_kwargs(sampler_kwargs)
+        if mode == COLOCATE_ASYNC_MODE:
+            DynamicSamplingSettings.for_async(sampler_kwargs, f"trainer.v1.trainer_mode={mode}")
+        else:
+            DynamicSamplingSettings.from_kwargs(sampler_kwargs)
     if plugin_delivery() is None:
         raise RuntimeError(
             f"verl's worker processes would not load {PLUGIN_MODULE} (no 'verl.plugins' entry point in this "

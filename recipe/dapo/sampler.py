@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 import transfer_queue as tq
-from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer
+from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer, ReplayBufferAsync
 
 from dapo.sampling import BatchFiller
 from dapo.settings import ConfigError, FilterSettings, SamplingSettings
@@ -109,6 +109,33 @@ class DynamicSamplingSettings:
                 "Set dapo.sampling.skip_saturated=false, or use the embedded engine (dapo.engine=embedded)"
             )
         return cls(filter_groups, sampling)
+
+    @classmethod
+    def for_async(cls, sampler_kwargs: Any, mode: str) -> DynamicSamplingSettings:
+        """The settings of an asynchronous mode (``mode``, the trainer_mode key's value), refusing what it cannot
+        honour. There are no generation rounds: each group evicted by the filter is replaced by one new prompt while
+        the others keep generating, and finished groups not trained this step wait for a later one, for up to
+        ``trainer.v1.sampler.max_off_policy_threshold`` steps since their prompt was submitted."""
+        config = cls.config_of(sampler_kwargs)
+        filter_groups = FilterSettings.from_config(config)
+        train = int(config["data"]["train_batch_size"])
+        options = dict(config["dapo"]["sampling"])
+        if not filter_groups.enable:
+            return cls(filter_groups, SamplingSettings(train, train))
+        refused = {
+            "adaptive": (True, "rounds are sized from the kept fraction, and an asynchronous mode has no rounds"),
+            "skip_saturated": (True, "prompts are drawn by verl's data loader, as in the synchronous mode"),
+            "carry_over": (
+                False,
+                "finished groups not trained this step always wait for a later one in an asynchronous mode; set "
+                "dapo.sampling.carry_over=true (their age is bounded by trainer.v1.sampler.max_off_policy_threshold, "
+                "not dapo.sampling.max_carry_age)",
+            ),
+        }
+        for key, (bad, why) in refused.items():
+            if bool(options.get(key, False)) == bad:
+                raise ConfigError(f"dapo.sampling.{key}={str(bad).lower()} is not available with {mode}: {why}")
+        return cls(filter_groups, SamplingSettings(train, train, carry_over=True))
 
     def make_filler(self) -> BatchFiller:
         return BatchFiller.from_settings(self.sampling, self.filter)
@@ -301,3 +328,50 @@ class _StepRecord:
         if self.failed:
             out["training/rollout_failure/evicted_samples"] = self.failed
         return out
+
+
+class DAPOAsyncReplayBuffer(ReplayBufferAsync):
+    """verl's asynchronous replay buffer (``ReplayBufferAsync``) filtering groups on the contract's metric
+    (``algorithm.filter_groups.metric``: accuracy; the shaped reward is refused), for the asynchronous DAPO trainers.
+
+    verl's buffer already does what dynamic sampling needs without rounds: a finished group whose metric is
+    constant is evicted and one new prompt is submitted in its place while the others keep generating, and a step
+    takes the oldest ``data.train_batch_size`` finished groups; those not taken wait for a later step (carry-over),
+    evicted once older than ``trainer.v1.sampler.max_off_policy_threshold`` steps (``drop``; ``wait`` holds the
+    step instead). What this class adds: the metric, and the DAPO metrics of each step over the groups that
+    finished during it: ``dapo/kept_group_frac``, ``dapo/filtered_all_correct``, ``dapo/filtered_all_wrong``,
+    ``dapo/generated_prompts``.
+    """
+
+    def __init__(self, *, sampler_kwargs, trainer_mode: str, **kwargs):
+        self.settings = DynamicSamplingSettings.for_async(sampler_kwargs, trainer_mode)
+        metric = self.settings.filter.metric if self.settings.filter.enable else None
+        super().__init__(
+            sampler_kwargs=sampler_kwargs, trainer_mode=trainer_mode, filter_groups_metric=metric, **kwargs
+        )
+        self._classified: Counter = Counter()  # this step's newly finished groups: kept, all_correct, all_wrong
+
+    def _dapo_filtered_keys(self, partition_id: str):
+        known = set(self._dapo_classification_cache[partition_id])
+        filtered, counts = super()._dapo_filtered_keys(partition_id)
+        if partition_id != "val":
+            cache = self._dapo_classification_cache[partition_id]
+            for uid in cache.keys() - known:  # classified now: None (mixed, kept) or the constant value
+                value = cache[uid]
+                self._classified["kept" if value is None else "all_correct" if value > 0 else "all_wrong"] += 1
+        return filtered, counts
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        batch, metrics = super().sample(global_steps, partition_id, batch_size)
+        if partition_id != "val" and self.filter_groups_metric is not None:
+            seen = sum(self._classified.values())
+            metrics.update(
+                {
+                    "dapo/generated_prompts": seen,
+                    "dapo/kept_group_frac": self._classified["kept"] / seen if seen else 0.0,
+                    "dapo/filtered_all_correct": self._classified["all_correct"],
+                    "dapo/filtered_all_wrong": self._classified["all_wrong"],
+                }
+            )
+            self._classified.clear()
+        return batch, metrics

@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
@@ -48,7 +49,8 @@ from dapo.settings import OverlongSettings, eos_token_ids, select
 from recipe.dapo.sampler_state import load_sampler_state, save_sampler_state
 from recipe.dapo.weight_sync import weight_sync_metrics
 
-TRAINER_MODE = "dapo"
+TRAINER_MODE = "dapo"  # verl's sync loop
+COLOCATE_ASYNC_MODE = "dapo_colocate_async"  # verl's colocate_async loop: partial rollouts, staleness bound
 SAMPLER = ("pkg://recipe.dapo.sampler", "DAPOReplayBuffer")
 
 
@@ -110,12 +112,14 @@ def repeat_metrics(batch: KVBatchMeta) -> dict[str, float]:
     return {"response/repeat_ngram_frac": repeat_ngram_frac(ids, mask)}
 
 
-@register_trainer(TRAINER_MODE)
-class DAPOTrainer(PPOTrainerSync):
-    """``PPOTrainerSync`` whose actor update skips truncated responses (``dapo.overlong_filter``)."""
+class DAPOStages:
+    """What DAPO changes in a verl V1 trainer, whichever its mode: the overlong filter before the actor update, the
+    truncated fraction and repetition metrics, the weight-sync check, the sampler's state in checkpoints, and a run
+    ending on an error closing its loggers. Mixed into verl's trainer of the mode :attr:`VERL_MODE`."""
+
+    VERL_MODE = "sync"  # the name verl 0.9.1 keys this mode's code paths on
 
     def __init__(self, config):
-        require_dapo_sampler(config)
         self.overlong = OverlongSettings.from_config(OmegaConf.to_container(config, resolve=True))
         from recipe.common.identity import run_identity
 
@@ -123,10 +127,10 @@ class DAPOTrainer(PPOTrainerSync):
         # filtering is on: the identity must be the run's settings, as main_dapo.check_inputs computes them
         self._run_identity = run_identity(config)
         super().__init__(config)
-        # verl 0.9.1 selects its synchronous code paths (no TransferQueue checkpoint, no prompt persistence, no
-        # re-issue of in-flight prompts on resume) by trainer_mode == "sync", PPOTrainerSync's registry name.
-        # This trainer is that synchronous trainer, registered under another name.
-        self.trainer_mode = "sync"
+        # verl 0.9.1 selects each mode's code paths (TransferQueue checkpoints, prompt persistence, re-issue of
+        # in-flight prompts on resume) by trainer_mode == "sync" and its other registry names; this trainer is that
+        # mode's trainer registered under another name
+        self.trainer_mode = self.VERL_MODE
 
     def fit(self, agent_loop_manager):
         """verl's ``fit``, unchanged, except that a run ending on an error (a failing reward function, a starved
@@ -179,7 +183,10 @@ class DAPOTrainer(PPOTrainerSync):
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_old_log_prob(batch, metrics)
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:  # recipe/dapo/weight_sync.py
-            metrics.update(weight_sync_metrics(batch))
+            # asynchronous modes train responses sampled by earlier weights too: only those sampled entirely by the
+            # weights of the last update measure the sync
+            version = None if self.VERL_MODE == "sync" else self.global_steps - 1
+            metrics.update(weight_sync_metrics(batch, version=version))
         return batch
 
     def _save_checkpoint(self):
@@ -208,6 +215,52 @@ class DAPOTrainer(PPOTrainerSync):
                     f"DAPO sampler state restored from {step_dir} (kept-fraction estimate "
                     f"{state['kept_frac_num']:.3g}/{state['kept_frac_den']:.3g}, totals {state['totals']})"
                 )
+
+
+@register_trainer(TRAINER_MODE)
+class DAPOTrainer(DAPOStages, PPOTrainerSync):
+    """verl's synchronous trainer (``PPOTrainerSync``) with DAPO's stages and sampler
+    (``trainer.v1.trainer_mode=dapo``): each step generates rounds until the batch is full of groups with signal,
+    then trains on it."""
+
+    def __init__(self, config):
+        require_dapo_sampler(config)
+        super().__init__(config)
+
+
+@register_trainer(COLOCATE_ASYNC_MODE)
+class DAPOColocateAsyncTrainer(DAPOStages, PPOTrainerColocateAsync):
+    """verl's ``colocate_async`` trainer with DAPO's stages (``trainer.v1.trainer_mode=dapo_colocate_async``).
+
+    The rollout and the actor share the devices and alternate, but the rollout is not drained between steps: a
+    step samples the oldest finished groups with signal (:class:`recipe.dapo.sampler.DAPOAsyncReplayBuffer`), the
+    unfinished requests are aborted keeping their tokens, the actor trains, and after the weight update they resume
+    on the new weights (partial rollouts), beside ``trainer.v1.colocate_async.num_warmup_batches`` extra batches of
+    prompts in flight. A group's age is bounded by ``trainer.v1.sampler.max_off_policy_threshold`` steps since its
+    prompt was submitted (verl's ``training/off_policy/*`` metrics). Each token keeps the log-prob of the weights that
+    sampled it (``rollout_log_probs``), which verl's rollout correction reads (``algorithm.rollout_correction``).
+    """
+
+    VERL_MODE = "colocate_async"
+
+    def __init__(self, config):
+        require_dapo_sampler(config)
+        super().__init__(config)
+
+    def _build_replay_buffer(self):
+        # verl's asynchronous buffer with DAPO's filter, built from the DAPO sampler's kwargs (the same config key as
+        # in sync mode, so one config serves both modes)
+        from recipe.dapo.sampler import DAPOAsyncReplayBuffer
+
+        sampler = self.config.trainer.v1.sampler
+        return DAPOAsyncReplayBuffer(
+            trainer_mode=self.VERL_MODE,
+            trainer_config=self.config.trainer.v1.get(self.VERL_MODE, {}),
+            max_off_policy_threshold=sampler.max_off_policy_threshold,
+            max_off_policy_strategy=sampler.max_off_policy_strategy,
+            sampler_kwargs=sampler.sampler_kwargs,
+            refill_fn=self._add_prompts_to_generate,
+        )
 
 
 def response_eos_ids(model_config) -> tuple[int, ...]:

@@ -37,10 +37,21 @@ def logprob_gap(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, ma
     }
 
 
-def weight_sync_metrics(batch: KVBatchMeta) -> dict[str, float]:
-    """:func:`logprob_gap` of a batch in the TransferQueue, once verl has written ``old_log_probs``."""
+def weight_sync_metrics(batch: KVBatchMeta, version: int | None = None) -> dict[str, float]:
+    """:func:`logprob_gap` of a batch in the TransferQueue, once verl has written ``old_log_probs``; with ``version``,
+    of the responses sampled entirely by the weights of that update (the trajectory tags ``min_global_steps`` and
+    ``max_global_steps``, which verl's partial-rollout client writes) and nothing if there is none."""
+    keys = batch.keys
+    if version is not None:
+        keys = [
+            key
+            for key, tag in zip(batch.keys, batch.tags)
+            if tag.get("min_global_steps") == tag.get("max_global_steps") == version
+        ]
+        if not keys:
+            return {}
     fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
     if "rollout_log_probs" not in data.keys():
         return {}
     padded = {name: data[name].to_padded_tensor(padding=0) if data[name].is_nested else data[name] for name in fields}

@@ -132,7 +132,19 @@ def test_verl_default_filter_metric_is_the_shaped_reward(cfg32):
     "updates, match",
     [
         ({"trainer__use_v1": False}, "trainer.use_v1=true"),
-        ({"trainer__v1__trainer_mode": "colocate_async"}, "trainer_mode=dapo"),
+        ({"trainer__v1__trainer_mode": "colocate_async"}, "trainer_mode=dapo_colocate_async"),
+        ({"trainer__v1__trainer_mode": "separate_async"}, "separate_async has no DAPO trainer yet"),
+        ({"trainer__v1__trainer_mode": "typo"}, "not a DAPO trainer"),
+        # the colocated asynchronous trainer has no rounds, and always carries finished groups to later steps
+        ({"trainer__v1__trainer_mode": "dapo_colocate_async"}, "carry_over=true"),
+        (
+            {
+                "trainer__v1__trainer_mode": "dapo_colocate_async",
+                "dapo__sampling__carry_over": True,
+                "dapo__sampling__adaptive": True,
+            },
+            "adaptive=true is not available with trainer.v1.trainer_mode=dapo_colocate_async",
+        ),
         ({"trainer__v1__trainer_mode": "sync"}, "trainer_mode=dapo"),  # overlong filtering needs the DAPO trainer
         ({"data__gen_batch_size": 256}, r"gen_batch_size >= 512"),
         ({"dapo__sampling__skip_saturated": True}, "skip_saturated=false"),
@@ -142,6 +154,10 @@ def test_verl_default_filter_metric_is_the_shaped_reward(cfg32):
 def test_check_dapo_config_names_the_fix(cfg32, updates, match):
     with pytest.raises(ValueError, match=match):
         check_dapo_config(variant(cfg32, **updates))
+
+
+def test_colocate_async_trainer_is_accepted_with_carry_over(cfg32):
+    check_dapo_config(variant(cfg32, trainer__v1__trainer_mode="dapo_colocate_async", dapo__sampling__carry_over=True))
 
 
 def test_verl_sync_trainer_is_accepted_without_overlong_filter(cfg32):
