@@ -12,7 +12,7 @@ It registers, each in verl's own registry:
 
 * the policy loss ``dapo`` (``actor_rollout_ref.actor.policy_loss.loss_mode=dapo``), used by the actor workers;
 * the reward-loop manager ``dapo_paper`` (``reward.reward_manager.name=dapo_paper``), used by the reward workers;
-* the V1 trainer ``dapo`` (``trainer.v1.trainer_mode=dapo``), used by verl's TaskRunner;
+* the V1 trainers ``dapo`` and ``dapo_colocate_async`` (``trainer.v1.trainer_mode``), used by verl's TaskRunner;
 
 and makes verl's ``file`` logger append to the records a resumed run keeps (``recipe.dapo.resume``, a checked
 runtime patch of verl 0.9.1's ``FileLogger``).
@@ -33,7 +33,7 @@ try:
 except Exception:
     logging.getLogger(__name__).warning(
         "the DAPO verl plugin (recipe.dapo.plugin) failed to import, so the 'dapo' policy loss, the 'dapo_paper' "
-        "reward manager and the 'dapo' trainer are not registered in this process. Check that this process sees "
+        "reward manager and the DAPO trainers are not registered in this process. Check that this process sees "
         "the project (pip install -e <repo>, or ship it as the Ray job's working_dir with "
         "VERL_USE_EXTERNAL_MODULES=recipe.dapo.plugin) and that verl==0.9.1 is installed.",
         exc_info=True,
