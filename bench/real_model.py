@@ -5,8 +5,9 @@ Reads the ``metrics.jsonl`` each engine writes (the embedded engine's flat recor
 engine and against the training step: held-out validation accuracy, entropy, response length, the truncated
 fraction, the clip fractions and the kept-group fraction. The table gives validation accuracy at every validated
 step and the rise from the first to the last with a 95% interval over the problems (normal approximation of the
-difference of two proportions over ``n`` problems, one sample each; unpaired, so wider than a paired interval
-would be), plus each engine's training time, and checks that each run's offline W&B run holds every metric name.
+difference of two proportions over ``n`` problems, one sample each; unpaired, so wider than the paired interval
+``bench.paired_eval`` gives from the same checkpoints), plus each engine's training time, and checks that each
+run's offline W&B run holds every metric name.
 
 Run: python -m bench.real_model [--run LABEL=DIR ...] [--figure PNG] [--json PATH]
 Default: ``embedded=`` and ``verl=`` the run directories of ``make train-smollm2`` and ``make verl-cpu-smollm2``
