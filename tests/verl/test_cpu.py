@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -445,6 +446,45 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
         resumed[s]["train/num_gen_batches"] for s in range(last, total + 1)
     )
     assert "DAPO sampler state restored from" in console
+
+
+def test_colocate_async_killed_resumes_with_the_queued_groups(own_tmp):
+    """SIGKILL in ``dapo_colocate_async`` once the step-2 checkpoint is on disk: verl saved the TransferQueue with it
+    (finished groups waiting for a later step, prompts in flight); the same command resumes from that checkpoint,
+    restores the queue's groups and re-issues its in-flight prompts, and ``metrics.jsonl`` holds each step once."""
+    run_dir = own_tmp / "resume-async"
+    run_dir.mkdir()
+    total = 4
+    common = {
+        **_checkpoint_every_step(total),
+        "trainer.v1.trainer_mode": "dapo_colocate_async",
+        "dapo.sampling.carry_over": True,
+    }
+    tracker = run_dir / "latest_checkpointed_iteration.txt"
+    with open(run_dir / "console.log", "w") as log:
+        first = _start(run_dir, _env(run_dir), log, **common)
+        try:
+            _wait_for(
+                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 2,
+                first,
+                RUN_TIMEOUT_S,
+                "the step-2 checkpoint",
+            )
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=60)
+    _kill_ray_processes(_ray_temp_dir(run_dir))
+    last = int(tracker.read_text())
+    assert last < total, "the run finished before it was killed"
+    assert (run_dir / f"global_step_{last}" / "transfer_queue").is_dir()  # the queue, saved in async modes only
+
+    (run_dir / "console.log").rename(run_dir / "console-first.log")
+    proc = train(run_dir, **common)
+    assert proc.returncode == 0, _tail(run_dir)
+    console = (run_dir / "console.log").read_text()
+    restored = re.search(r"Restored (\d+) training prompt groups from TransferQueue", console)
+    assert restored and int(restored.group(1)) > 0, console[-3000:]
+    assert logged_steps(run_dir) == list(range(1, total + 1))
 
 
 def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tmp):
