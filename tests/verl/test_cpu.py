@@ -398,6 +398,26 @@ def _wait_for(predicate, proc, timeout_s: float, what: str) -> None:
         time.sleep(2)
 
 
+def _killed_after_checkpoint(run_dir: Path, overrides: dict, step: int) -> int:
+    """Start a run, SIGKILL it once a step-``step`` (or later) checkpoint is on disk, and return the newest
+    checkpoint's step; its output is in ``console.log``."""
+    tracker = run_dir / "latest_checkpointed_iteration.txt"
+    with open(run_dir / "console.log", "w") as log:
+        first = _start(run_dir, _env(run_dir), log, **overrides)
+        try:
+            _wait_for(
+                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= step,
+                first,
+                RUN_TIMEOUT_S,
+                f"the step-{step} checkpoint",
+            )
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # the whole process group: driver, Ray, workers, vLLM
+            first.wait(timeout=60)
+    _kill_ray_processes(_ray_temp_dir(run_dir))  # Ray's own processes outlive the killed driver's group
+    return int(tracker.read_text())
+
+
 def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_step_logged_once(own_tmp):
     """SIGKILL once a step-2 (or later, K) checkpoint is on disk, then that checkpoint's weights cut short: the
     same command names the damaged checkpoint, resumes from step K - 1 with the sampler state saved there, and
@@ -406,21 +426,7 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
     run_dir.mkdir()
     total = 6
     common = _checkpoint_every_step(total)  # cpu_tiny keeps 2 checkpoints: K and K - 1
-    with open(run_dir / "console.log", "w") as log:
-        first = _start(run_dir, _env(run_dir), log, **common)
-        try:
-            tracker = run_dir / "latest_checkpointed_iteration.txt"
-            _wait_for(
-                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 2,
-                first,
-                RUN_TIMEOUT_S,
-                "the step-2 checkpoint",
-            )
-        finally:
-            os.killpg(first.pid, signal.SIGKILL)  # the whole process group: driver, Ray, workers, vLLM
-            first.wait(timeout=60)
-    _kill_ray_processes(_ray_temp_dir(run_dir))  # Ray's own processes outlive the killed driver's group
-    last = int(tracker.read_text())
+    last = _killed_after_checkpoint(run_dir, common, 2)
     assert last < total, "the run finished before it was killed"
     saved = torch.load(run_dir / f"global_step_{last - 1}" / "dapo_sampler.pt", weights_only=False)["filler"]
     assert saved["totals"]["steps"] == last - 1
@@ -460,21 +466,7 @@ def test_colocate_async_killed_resumes_with_the_queued_groups(own_tmp):
         "trainer.v1.trainer_mode": "dapo_colocate_async",
         "dapo.sampling.carry_over": True,
     }
-    tracker = run_dir / "latest_checkpointed_iteration.txt"
-    with open(run_dir / "console.log", "w") as log:
-        first = _start(run_dir, _env(run_dir), log, **common)
-        try:
-            _wait_for(
-                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 2,
-                first,
-                RUN_TIMEOUT_S,
-                "the step-2 checkpoint",
-            )
-        finally:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait(timeout=60)
-    _kill_ray_processes(_ray_temp_dir(run_dir))
-    last = int(tracker.read_text())
+    last = _killed_after_checkpoint(run_dir, common, 2)
     assert last < total, "the run finished before it was killed"
     assert (run_dir / f"global_step_{last}" / "transfer_queue").is_dir()  # the queue, saved in async modes only
 
