@@ -120,6 +120,7 @@ class DAPOStages:
     VERL_MODE = "sync"  # the name verl 0.9.1 keys this mode's code paths on
 
     def __init__(self, config):
+        require_dapo_sampler(config)
         self.overlong = OverlongSettings.from_config(OmegaConf.to_container(config, resolve=True))
         from recipe.common.identity import run_identity
 
@@ -223,10 +224,6 @@ class DAPOTrainer(DAPOStages, PPOTrainerSync):
     (``trainer.v1.trainer_mode=dapo``): each step generates rounds until the batch is full of groups with signal,
     then trains on it."""
 
-    def __init__(self, config):
-        require_dapo_sampler(config)
-        super().__init__(config)
-
 
 @register_trainer(COLOCATE_ASYNC_MODE)
 class DAPOColocateAsyncTrainer(DAPOStages, PPOTrainerColocateAsync):
@@ -242,10 +239,6 @@ class DAPOColocateAsyncTrainer(DAPOStages, PPOTrainerColocateAsync):
     """
 
     VERL_MODE = "colocate_async"
-
-    def __init__(self, config):
-        require_dapo_sampler(config)
-        super().__init__(config)
 
     def _build_replay_buffer(self):
         # verl's asynchronous buffer with DAPO's filter, built from the DAPO sampler's kwargs (the same config key as
@@ -271,7 +264,8 @@ def response_eos_ids(model_config) -> tuple[int, ...]:
 
 
 def require_dapo_sampler(config) -> None:
-    """The DAPO trainer runs verl's sync loop with the DAPO sampler; raise naming the keys if it is not set."""
+    """The DAPO trainers take the DAPO sampler's config (the asynchronous one builds its asynchronous buffer from the
+    same kwargs); raise naming the keys if it is not set."""
     custom = select(config, "trainer.v1.sampler.custom_sampler") or {}
     path, name = custom.get("path", None), custom.get("name", None)
     if (path, name) != SAMPLER:
@@ -282,7 +276,8 @@ def require_dapo_sampler(config) -> None:
         cls = load_extern_object(path, name) if path and name else None
         if not (isinstance(cls, type) and issubclass(cls, DAPOReplayBuffer)):
             raise ValueError(
-                f"trainer.v1.trainer_mode={TRAINER_MODE} needs the DAPO sampler, got trainer.v1.sampler.custom_sampler="
+                f"trainer.v1.trainer_mode={select(config, 'trainer.v1.trainer_mode')} needs the DAPO sampler, got "
+                "trainer.v1.sampler.custom_sampler="
                 f"{{path: {path}, name: {name}}}; set trainer.v1.sampler.custom_sampler.path={SAMPLER[0]} and "
                 f"trainer.v1.sampler.custom_sampler.name={SAMPLER[1]} (configs/dapo_trainer.yaml does)"
             )

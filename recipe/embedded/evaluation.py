@@ -92,17 +92,19 @@ def _records(tokenizer, val_set: PromptSet, rows: range, n: int, scored: dict, s
     """One record per response of ``rows`` (``n`` each, in order), in the fields verl 0.9.1's
     ``RayPPOTrainer._write_generations`` writes, with the DAPO scorer's ``acc`` as its reward extra info."""
     out = []
-    for j, i in enumerate(r for r in rows for _ in range(n)):
-        out.append(
-            {
-                "input": tokenizer.decode(val_set.prompt_ids[i], skip_special_tokens=False),
-                "output": scored["text"][j],
-                "gts": val_set.ground_truths[i],
-                "score": scored["score"][j].item(),
-                "step": step,
-                "acc": bool(scored["acc"][j]),
-            }
-        )
+    for g, i in enumerate(rows):
+        prompt = tokenizer.decode(val_set.prompt_ids[i], skip_special_tokens=False)  # once for its n responses
+        for j in range(g * n, (g + 1) * n):
+            out.append(
+                {
+                    "input": prompt,
+                    "output": scored["text"][j],
+                    "gts": val_set.ground_truths[i],
+                    "score": scored["score"][j].item(),
+                    "step": step,
+                    "acc": bool(scored["acc"][j]),
+                }
+            )
     return out
 
 
