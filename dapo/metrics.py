@@ -68,7 +68,7 @@ METRIC_DOCS: dict[str, str] = {
     "dapo/carried_groups": "groups carried in from the previous step (carry-over)",
     "dapo/skipped_prompts": "prompts skipped before generation as saturated (saturation skip)",
     "dapo/generated_per_trained": "responses generated per trained response; 1 is the floor, lower is cheaper",
-    # asynchronous training (verl engine, trainer.v1.trainer_mode=dapo_colocate_async): verl's own metrics
+    # asynchronous training (verl engine, trainer.v1.trainer_mode=dapo_colocate_async / dapo_separate_async)
     "training/off_policy/trajectory_staleness/mean": "verl engine, asynchronous modes: weight updates between the "
     "newest weights that sampled a trained response and the weights being trained, mean over the batch (0 = sampled "
     "by the last update's weights)",
@@ -81,6 +81,12 @@ METRIC_DOCS: dict[str, str] = {
     "steps since their prompt was submitted (strategy drop); near 0",
     "training/filter_groups/evicted_samples": "verl engine, asynchronous modes: groups evicted by the accuracy filter "
     "this step (each replaced by a new prompt); dapo/filtered_all_correct + dapo/filtered_all_wrong",
+    "dapo/weight_transfer/bytes": "verl engine, dapo_separate_async with checkpoint_engine.backend=shm: size of the "
+    "weights file sent to the rollout servers after the step",
+    "dapo/weight_transfer/write_s": "the same: seconds the actor's rank 0 took to write it (the servers' load is in "
+    "timing_s/update_weights)",
+    "timing_s/update_weights": "verl engine, asynchronous modes: seconds of the weight update after the step (abort, "
+    "transfer, resume); the rollout is stopped for it",
     # timing
     "timing_s/gen": "seconds spent generating this step (all rounds)",
     "timing_s/reward": "seconds scoring responses this step (all rounds; part of timing_s/gen)",

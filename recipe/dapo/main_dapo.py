@@ -58,7 +58,13 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
     """The DAPO settings of ``config`` (:class:`dapo.settings.DapoSettings`, built as the embedded engine builds them);
     raise :class:`ConfigError` naming the key to set when the config cannot train DAPO on verl's V1 trainer."""
     from recipe.dapo.sampler import DynamicSamplingSettings
-    from recipe.dapo.trainer import COLOCATE_ASYNC_MODE, TRAINER_MODE, require_dapo_sampler
+    from recipe.dapo.trainer import (
+        ASYNC_MODES,
+        COLOCATE_ASYNC_MODE,
+        SEPARATE_ASYNC_MODE,
+        TRAINER_MODE,
+        require_dapo_sampler,
+    )
 
     settings = DapoSettings.from_config(OmegaConf.to_container(config, resolve=True))
     if not config.trainer.use_v1:
@@ -68,8 +74,10 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
         )
     mode = config.trainer.v1.trainer_mode
     overlong_filter = settings.overlong.filter
-    if mode in (TRAINER_MODE, COLOCATE_ASYNC_MODE):
+    if mode in (TRAINER_MODE, *ASYNC_MODES):
         require_dapo_sampler(config)
+        if mode == SEPARATE_ASYNC_MODE:
+            check_separate_async(config)
     elif mode == "sync":
         if overlong_filter:
             raise ConfigError(
@@ -79,17 +87,17 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
     elif mode in ("colocate_async", "separate_async"):
         raise ConfigError(
             f"trainer.v1.trainer_mode={mode} is verl's own asynchronous trainer, without DAPO's overlong filter and "
-            f"accuracy filter; set trainer.v1.trainer_mode={COLOCATE_ASYNC_MODE} (separate_async has no DAPO "
-            "trainer yet)"
+            f"accuracy filter; set trainer.v1.trainer_mode=dapo_{mode}"
         )
     else:
         raise ConfigError(
             f"trainer.v1.trainer_mode={mode!r} is not a DAPO trainer; set trainer.v1.trainer_mode={TRAINER_MODE} "
-            f"(verl's synchronous loop) or {COLOCATE_ASYNC_MODE} (its colocated asynchronous loop)"
+            f"(verl's synchronous loop), {COLOCATE_ASYNC_MODE} (its colocated asynchronous loop) or "
+            f"{SEPARATE_ASYNC_MODE} (the rollout on its own devices)"
         )
     sampler_kwargs = OmegaConf.to_container(config.trainer.v1.sampler.sampler_kwargs, resolve=True)
     if select(config, "trainer.v1.sampler.custom_sampler.path"):
-        if mode == COLOCATE_ASYNC_MODE:
+        if mode in ASYNC_MODES:
             DynamicSamplingSettings.for_async(sampler_kwargs, f"trainer.v1.trainer_mode={mode}")
         else:
             DynamicSamplingSettings.from_kwargs(sampler_kwargs)
@@ -102,6 +110,33 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
             "scripts/train_dapo_qwen32b.sh sets it in the Ray job's runtime environment"
         )
     return settings
+
+
+def check_separate_async(config: DictConfig) -> None:
+    """What verl 0.9.1's ``separate_async`` trainer asserts in its ``__init__`` (``trainer_separate_async.py``), checked
+    before Ray starts, each error naming the keys to set."""
+    sync_step = int(config.trainer.v1.separate_async.parameter_sync_step)
+    train, mini = int(config.data.train_batch_size), int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+    if train != sync_step * mini:
+        raise ConfigError(
+            f"dapo_separate_async makes trainer.v1.separate_async.parameter_sync_step={sync_step} updates of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} prompts a step, which must be "
+            f"data.train_batch_size={train}; set trainer.v1.separate_async.parameter_sync_step={max(1, train // mini)}"
+            " (or the batch sizes)"
+        )
+    rollout = config.actor_rollout_ref.rollout
+    if int(rollout.nnodes) <= 0 or int(rollout.n_gpus_per_node) <= 0:
+        raise ConfigError(
+            "dapo_separate_async runs the rollout on its own devices: set actor_rollout_ref.rollout.nnodes and "
+            f"actor_rollout_ref.rollout.n_gpus_per_node (now {rollout.nnodes} and {rollout.n_gpus_per_node})"
+        )
+    if rollout.checkpoint_engine.backend == "naive":
+        raise ConfigError(
+            "dapo_separate_async sends the weights to the rollout's own processes, which checkpoint_engine.backend="
+            "naive cannot (it works inside one process): set actor_rollout_ref.rollout.checkpoint_engine.backend to "
+            "nccl (GPUs), or to shm with actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module="
+            "recipe.dapo.cpu.checkpoint_engine (one machine, host memory)"
+        )
 
 
 def check_inputs(config: DictConfig) -> Path | None:

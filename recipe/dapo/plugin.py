@@ -12,7 +12,8 @@ It registers, each in verl's own registry:
 
 * the policy loss ``dapo`` (``actor_rollout_ref.actor.policy_loss.loss_mode=dapo``), used by the actor workers;
 * the reward-loop manager ``dapo_paper`` (``reward.reward_manager.name=dapo_paper``), used by the reward workers;
-* the V1 trainers ``dapo`` and ``dapo_colocate_async`` (``trainer.v1.trainer_mode``), used by verl's TaskRunner;
+* the V1 trainers ``dapo``, ``dapo_colocate_async`` and ``dapo_separate_async`` (``trainer.v1.trainer_mode``), used
+  by verl's TaskRunner;
 
 and makes verl's ``file`` logger append to the records a resumed run keeps (``recipe.dapo.resume``, a checked
 runtime patch of verl 0.9.1's ``FileLogger``).

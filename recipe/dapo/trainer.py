@@ -28,17 +28,21 @@ Dynamic sampling is the sampler's job (``recipe/dapo/sampler.py``, ``trainer.v1.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
 
+import ray
 import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
+from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.trainer.ppo.v1 import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
@@ -51,6 +55,8 @@ from recipe.dapo.weight_sync import weight_sync_metrics
 
 TRAINER_MODE = "dapo"  # verl's sync loop
 COLOCATE_ASYNC_MODE = "dapo_colocate_async"  # verl's colocate_async loop: partial rollouts, staleness bound
+SEPARATE_ASYNC_MODE = "dapo_separate_async"  # verl's separate_async loop: the rollout on its own devices
+ASYNC_MODES = (COLOCATE_ASYNC_MODE, SEPARATE_ASYNC_MODE)
 SAMPLER = ("pkg://recipe.dapo.sampler", "DAPOReplayBuffer")
 
 
@@ -132,6 +138,10 @@ class DAPOStages:
         # in-flight prompts on resume) by trainer_mode == "sync" and its other registry names; this trainer is that
         # mode's trainer registered under another name
         self.trainer_mode = self.VERL_MODE
+        # verl's __init__ read it under the configured name (trainer.v1.<dapo name>.parameter_sync_step); the
+        # mode's settings are under verl's name, as the replay buffer reads them; init() uses it later (the
+        # optimizer's schedule counts parameter_sync_step updates a step)
+        self.parameter_sync_step = config.trainer.v1.get(self.VERL_MODE, {}).get("parameter_sync_step", 1)
 
     def fit(self, agent_loop_manager):
         """verl's ``fit``, unchanged, except that a run ending on an error (a failing reward function, a starved
@@ -225,8 +235,29 @@ class DAPOTrainer(DAPOStages, PPOTrainerSync):
     then trains on it."""
 
 
+class _DAPOAsyncBuffer:
+    """The asynchronous trainers' replay buffer: verl's, with DAPO's filter and metrics."""
+
+    def _build_replay_buffer(self):
+        # verl's asynchronous buffer with DAPO's filter, built from the DAPO sampler's kwargs (the same config key as
+        # in sync mode, so one config serves every mode)
+        from recipe.dapo.sampler import DAPOAsyncReplayBuffer
+
+        sampler = self.config.trainer.v1.sampler
+        mode_config = self.config.trainer.v1.get(self.VERL_MODE, {})
+        return DAPOAsyncReplayBuffer(
+            trainer_mode=self.VERL_MODE,
+            trainer_config=mode_config,
+            samples_per_step=mode_config.get("parameter_sync_step", 1),
+            max_off_policy_threshold=sampler.max_off_policy_threshold,
+            max_off_policy_strategy=sampler.max_off_policy_strategy,
+            sampler_kwargs=sampler.sampler_kwargs,
+            refill_fn=self._add_prompts_to_generate,
+        )
+
+
 @register_trainer(COLOCATE_ASYNC_MODE)
-class DAPOColocateAsyncTrainer(DAPOStages, PPOTrainerColocateAsync):
+class DAPOColocateAsyncTrainer(_DAPOAsyncBuffer, DAPOStages, PPOTrainerColocateAsync):
     """verl's ``colocate_async`` trainer with DAPO's stages (``trainer.v1.trainer_mode=dapo_colocate_async``).
 
     The rollout and the actor share the devices and alternate, but the rollout is not drained between steps: a
@@ -240,20 +271,96 @@ class DAPOColocateAsyncTrainer(DAPOStages, PPOTrainerColocateAsync):
 
     VERL_MODE = "colocate_async"
 
-    def _build_replay_buffer(self):
-        # verl's asynchronous buffer with DAPO's filter, built from the DAPO sampler's kwargs (the same config key as
-        # in sync mode, so one config serves both modes)
-        from recipe.dapo.sampler import DAPOAsyncReplayBuffer
 
-        sampler = self.config.trainer.v1.sampler
-        return DAPOAsyncReplayBuffer(
-            trainer_mode=self.VERL_MODE,
-            trainer_config=self.config.trainer.v1.get(self.VERL_MODE, {}),
-            max_off_policy_threshold=sampler.max_off_policy_threshold,
-            max_off_policy_strategy=sampler.max_off_policy_strategy,
-            sampler_kwargs=sampler.sampler_kwargs,
-            refill_fn=self._add_prompts_to_generate,
+@register_trainer(SEPARATE_ASYNC_MODE)
+class DAPOSeparateAsyncTrainer(_DAPOAsyncBuffer, DAPOStages, PPOTrainerSeparateAsync):
+    """verl's ``separate_async`` trainer with DAPO's stages (``trainer.v1.trainer_mode=dapo_separate_async``).
+
+    The rollout runs on its own devices (``actor_rollout_ref.rollout.nnodes`` x ``n_gpus_per_node`` standalone
+    servers) and never waits for the actor: a step makes ``trainer.v1.separate_async.parameter_sync_step`` updates
+    of ``actor.ppo_mini_batch_size`` prompts each, sampled as in ``dapo_colocate_async``, then sends the weights
+    through ``actor_rollout_ref.rollout.checkpoint_engine`` (which aborts the requests in flight; they resume on
+    the new weights). With ``actor_rollout_ref.hybrid_engine=true`` verl also lends the actor's devices to the
+    rollout while the actor waits for data.
+    """
+
+    VERL_MODE = "separate_async"
+
+    def __init__(self, config):
+        accept_flush_in_separate_async_log()
+        super().__init__(config)
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        # verl maps the actor to its DetachActorWorker (π_old saved between the local updates of a step); on a
+        # CPU its save aliases the live weights, so the actor runs the copying subclass below
+        for role, worker in list(self.role_worker_mapping.items()):
+            if getattr(worker, "__ray_actor_class__", None) is DetachActorWorker:
+                self.role_worker_mapping[role] = ray.remote(CopyingDetachActorWorker)
+
+
+class _DropFlush(logging.LoggerAdapter):
+    """A logger that accepts, and drops, ``print``'s ``flush`` keyword."""
+
+    def process(self, msg, kwargs):
+        kwargs.pop("flush", None)
+        return msg, kwargs
+
+
+def accept_flush_in_separate_async_log() -> None:
+    """Runtime patch of verl 0.9.1's ``verl/trainer/ppo/v1/trainer_separate_async.py``: its module ``logger``.
+
+    ``PPOTrainerSeparateAsync._setup`` logs ``logger.info(..., flush=True)`` when
+    ``actor_rollout_ref.hybrid_engine=false`` (the rollout on its own devices only), and ``logging.Logger`` takes no
+    ``flush`` keyword: the trainer raises ``TypeError`` before its first step. The module's logger is wrapped in an
+    adapter that drops the keyword. Checked: applied only while ``_setup`` still passes ``flush=True``, and the
+    module must still have its ``logger``, else this raises naming what moved."""
+    import inspect
+
+    from verl.trainer.ppo.v1 import trainer_separate_async as module
+
+    if "flush=True" not in inspect.getsource(PPOTrainerSeparateAsync._setup):
+        return  # fixed upstream: nothing to adapt
+    if not isinstance(getattr(module, "logger", None), logging.Logger | _DropFlush):
+        raise RuntimeError(
+            "verl/trainer/ppo/v1/trainer_separate_async.py has no module `logger` any more (recipe/dapo/trainer.py "
+            "adapts its logger.info(..., flush=True) for verl 0.9.1): update accept_flush_in_separate_async_log"
         )
+    if not isinstance(module.logger, _DropFlush):
+        module.logger = _DropFlush(module.logger, {})
+
+
+class CopyingDetachActorWorker(DetachActorWorker):
+    """verl 0.9.1's ``DetachActorWorker`` (``verl/experimental/separation/engine_workers.py``) whose saved π_old is a
+    copy. Its FSDP2 save (``verl/utils/fsdp_utils.py``, ``fsdp2_sharded_save_to_cpu``) keeps
+    ``param._local_tensor.detach().cpu()``, which on a GPU is a copy and on a CPU the live tensor itself: the
+    optimizer would update "π_old" in place and every local update after the first would take its old log-probs
+    from the newest weights. Tensors that share memory with a parameter are cloned; on a GPU none does."""
+
+    @property
+    def copy_handler(self):
+        save = super().copy_handler
+
+        def save_copy(module):
+            live = {p.data_ptr() for p in _local_tensors(module)}
+            return _clone_aliases(save(module), live)
+
+        return save_copy
+
+
+def _local_tensors(module) -> list[torch.Tensor]:
+    return [getattr(p, "_local_tensor", p) for p in module.parameters()]
+
+
+def _clone_aliases(state, live: set[int]):
+    """``state`` (nested dicts, tuples and lists of tensors) with the tensors whose memory is in ``live`` cloned."""
+    if isinstance(state, torch.Tensor):
+        return state.clone() if state.data_ptr() in live else state
+    if isinstance(state, dict):
+        return {key: _clone_aliases(value, live) for key, value in state.items()}
+    if isinstance(state, (tuple, list)):
+        return type(state)(_clone_aliases(value, live) for value in state)
+    return state
 
 
 def response_eos_ids(model_config) -> tuple[int, ...]:

@@ -133,7 +133,7 @@ def test_verl_default_filter_metric_is_the_shaped_reward(cfg32):
     [
         ({"trainer__use_v1": False}, "trainer.use_v1=true"),
         ({"trainer__v1__trainer_mode": "colocate_async"}, "trainer_mode=dapo_colocate_async"),
-        ({"trainer__v1__trainer_mode": "separate_async"}, "separate_async has no DAPO trainer yet"),
+        ({"trainer__v1__trainer_mode": "separate_async"}, "trainer_mode=dapo_separate_async"),
         ({"trainer__v1__trainer_mode": "typo"}, "not a DAPO trainer"),
         # the colocated asynchronous trainer has no rounds, and always carries finished groups to later steps
         ({"trainer__v1__trainer_mode": "dapo_colocate_async"}, "carry_over=true"),
@@ -154,6 +154,37 @@ def test_verl_default_filter_metric_is_the_shaped_reward(cfg32):
 def test_check_dapo_config_names_the_fix(cfg32, updates, match):
     with pytest.raises(ValueError, match=match):
         check_dapo_config(variant(cfg32, **updates))
+
+
+SEPARATE_32B = {  # the 32B job's 512 prompts a step in 16 updates of 32, the rollout on 8 nodes of its own
+    "trainer__v1__trainer_mode": "dapo_separate_async",
+    "dapo__sampling__carry_over": True,
+    "trainer__v1__separate_async__parameter_sync_step": 16,
+    "actor_rollout_ref__rollout__nnodes": 8,
+    "actor_rollout_ref__rollout__n_gpus_per_node": 8,
+    "actor_rollout_ref__rollout__checkpoint_engine__backend": "nccl",
+}
+
+
+@pytest.mark.parametrize(
+    "updates, match",
+    [
+        (
+            {"trainer__v1__separate_async__parameter_sync_step": 4},
+            "set trainer.v1.separate_async.parameter_sync_step=16",
+        ),
+        ({"actor_rollout_ref__rollout__nnodes": 0}, "set actor_rollout_ref.rollout.nnodes"),
+        ({"actor_rollout_ref__rollout__checkpoint_engine__backend": "naive"}, "checkpoint_engine.backend to nccl"),
+        ({"dapo__sampling__carry_over": False}, "carry_over=true"),  # the same contract as dapo_colocate_async
+    ],
+)
+def test_separate_async_names_what_it_needs(cfg32, updates, match):
+    with pytest.raises(ValueError, match=match):
+        check_dapo_config(variant(cfg32, **{**SEPARATE_32B, **updates}))
+
+
+def test_separate_async_trainer_is_accepted(cfg32):
+    check_dapo_config(variant(cfg32, **SEPARATE_32B))
 
 
 def test_colocate_async_trainer_is_accepted_with_carry_over(cfg32):

@@ -295,19 +295,27 @@ def test_two_steps_on_the_real_model(own_tmp, smollm2_assets):
     assert min(steps[s]["response_length/clip_ratio"] for s in (1, 2)) < 1.0, steps
 
 
-def test_colocate_async_trains_with_the_dapo_filter_within_the_staleness_bound(own_tmp):
-    """``trainer.v1.trainer_mode=dapo_colocate_async``: verl's colocated asynchronous trainer with DAPO's stages and
-    the asynchronous DAPO sampler, on vLLM-CPU (its pause adapted by the CPU platform). Three steps with a staleness
-    bound of 2: the accuracy filter acts on every step's finished groups, the overlong filter and the weight-sync
-    check run, no trained response lags the trained weights by more than the bound allows (a prompt submitted at
-    step s may be trained up to step s + 1, sampled by weights s - 1 or newer), and validation runs before and after.
-    Measured here: about 15 s a step on 2 quiet cores, 7 minutes with start-up."""
-    run_dir = own_tmp / "colocate-async"
+@pytest.mark.parametrize("mode", ["dapo_colocate_async", "dapo_separate_async"])
+def test_async_mode_trains_with_the_dapo_filter_within_the_staleness_bound(own_tmp, mode):
+    """Each asynchronous DAPO trainer on vLLM-CPU, three steps with a staleness bound of 2:
+
+    * ``dapo_colocate_async``: verl's colocated asynchronous trainer (vLLM's pause adapted by the CPU platform);
+    * ``dapo_separate_async``: verl's separate asynchronous trainer, a standalone vLLM server on a logical GPU of
+      its own, the weights sent through host memory (the ``shm`` checkpoint engine), two updates a step
+      (``parameter_sync_step=2``, what the launcher derives from 4 prompts in mini-batches of 2).
+
+    The accuracy filter acts on every step's finished groups (the counts of the whole step, equal to verl's), the
+    overlong filter and the weight-sync check run, no trained response lags the trained weights by more than the
+    bound allows (a prompt submitted at step s may be trained up to step s + 1, sampled by weights s - 1 or newer),
+    and validation runs before and after. In separate_async the weight-sync check covers the second update of a
+    step too, whose old log-probs come from the weights saved before the first (a CPU would otherwise alias them
+    to the updated ones: ``CopyingDetachActorWorker``). Measured here: about 7 minutes each with start-up."""
+    run_dir = own_tmp / mode
     threshold = 2
     proc = train(
         run_dir,
         **{
-            "trainer.v1.trainer_mode": "dapo_colocate_async",
+            "trainer.v1.trainer_mode": mode,
             "dapo.sampling.carry_over": True,
             "trainer.v1.sampler.max_off_policy_threshold": threshold,
             "trainer.total_training_steps": 3,
@@ -329,6 +337,8 @@ def test_colocate_async_trains_with_the_dapo_filter_within_the_staleness_bound(o
         assert math.isfinite(record["actor/pg_loss"])
         if "dapo/weight_sync/logprob_diff_max" in record:  # responses sampled by the last update's weights only
             assert record["dapo/weight_sync/logprob_diff_max"] < 1e-3, record
+        if mode == "dapo_separate_async":  # the weights went through the shm engine after the step
+            assert record["dapo/weight_transfer/bytes"] > 0, record
     # every trained group passed the filter: the groups kept over the run cover the 3 x 4 trained
     kept = sum(steps[s]["dapo/generated_prompts"] * steps[s]["dapo/kept_group_frac"] for s in (1, 2, 3))
     assert round(kept) >= 3 * 4

@@ -29,6 +29,26 @@ CPU_ENV = {
     "RAY_DEDUP_LOGS": "0",
 }
 EXPERIMENT = os.environ.get("DAPO_VERL_CPU_EXPERIMENT", "cpu_tiny")
+SEPARATE_ASYNC = "trainer.v1.trainer_mode=dapo_separate_async"
+
+
+def separate_async_overrides(overrides: list[str]) -> list[str]:
+    """What ``dapo_separate_async`` needs on one CPU machine, given before the command line's overrides (which win):
+    the rollout as one standalone vLLM server on a logical GPU of its own beside the actor's, the weights sent
+    through host memory (:mod:`recipe.dapo.cpu.checkpoint_engine`), and one update of
+    ``actor.ppo_mini_batch_size`` prompts per ``parameter_sync_step``, as verl asks."""
+    cfg = _composed(overrides)
+    train, mini = int(cfg.data.train_batch_size), int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+    actor_gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    return [
+        "actor_rollout_ref.hybrid_engine=false",  # no second vLLM server on the actor's logical GPU
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=shm",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.dapo.cpu.checkpoint_engine",
+        f"ray_kwargs.ray_init.num_gpus={actor_gpus + 1}",  # logical: the actor's and the rollout server's
+        f"trainer.v1.separate_async.parameter_sync_step={max(1, train // mini)}",
+    ]
 
 
 def cpu_env(base: dict | None = None) -> dict[str, str]:
@@ -77,6 +97,10 @@ def main(overrides: list[str]) -> int:
     env.setdefault("VERL_FILE_LOGGER_PATH", str(out / "metrics.jsonl"))
     env.setdefault("WANDB_DIR", str(out))
     print(f"verl-cpu: model and data from {assets}; run directory {out}", flush=True)
+    if SEPARATE_ASYNC in overrides:
+        added = separate_async_overrides(overrides)
+        print(f"verl-cpu: dapo_separate_async on one CPU machine adds {' '.join(added)}", flush=True)
+        overrides = [*added, *overrides]
     command = [sys.executable, "-m", "recipe.dapo.main_dapo", f"+experiment={EXPERIMENT}", *overrides]
     child = subprocess.Popen(command, env=env)
     try:
