@@ -464,16 +464,17 @@ def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_
     assert "DAPO sampler state restored from" in console
 
 
-def test_colocate_async_killed_resumes_with_the_queued_groups(own_tmp):
-    """SIGKILL in ``dapo_colocate_async`` once the step-2 checkpoint is on disk: verl saved the TransferQueue with it
+@pytest.mark.parametrize("mode", ["dapo_colocate_async", "dapo_separate_async"])
+def test_async_mode_killed_resumes_with_the_queued_groups(own_tmp, mode):
+    """SIGKILL in an asynchronous mode once the step-2 checkpoint is on disk: verl saved the TransferQueue with it
     (finished groups waiting for a later step, prompts in flight); the same command resumes from that checkpoint,
     restores the queue's groups and re-issues its in-flight prompts, and ``metrics.jsonl`` holds each step once."""
-    run_dir = own_tmp / "resume-async"
+    run_dir = own_tmp / f"resume-{mode}"
     run_dir.mkdir()
     total = 4
     common = {
         **_checkpoint_every_step(total),
-        "trainer.v1.trainer_mode": "dapo_colocate_async",
+        "trainer.v1.trainer_mode": mode,
         "dapo.sampling.carry_over": True,
     }
     last = _killed_after_checkpoint(run_dir, common, 2)

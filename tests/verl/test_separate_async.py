@@ -1,8 +1,8 @@
 """What ``dapo_separate_async`` adds to verl 0.9.1, piece by piece: the ``shm`` checkpoint engine
 (``recipe/dapo/cpu/checkpoint_engine.py``) driven through weight syncs as verl's
-``CheckpointEngineManager.update_weights`` drives it, with verl's own registry; the π_old copy of the separate_async actor
-(``recipe.dapo.trainer.CopyingDetachActorWorker``); and the adapted log call of verl's trainer. The mode end to end:
-``tests/verl/test_cpu.py``."""
+``CheckpointEngineManager.update_weights`` drives it, with verl's own registry; the π_old copy of the separate_async
+actor (``recipe.dapo.trainer.CopyingDetachActorWorker``); and the adapted log call of verl's trainer. The mode end
+to end: ``tests/verl/test_cpu.py``."""
 
 from __future__ import annotations
 
