@@ -7,7 +7,8 @@ the restart (``verl/utils/tracking.py:FileLogger``). Here, as in the embedded en
 
 - :func:`choose_checkpoint` checks the tracked checkpoint's files (:mod:`recipe.common.integrity`) and, when one
   is damaged (a file cut short by a kill during the save, a disk that filled up), names it and points verl at the
-  newest intact one (``trainer.resume_mode=resume_path``, ``trainer.resume_from_path``);
+  newest intact one (``trainer.resume_mode=resume_path``, ``trainer.resume_from_path``); a checkpoint whose step
+  never reached ``metrics.jsonl`` (killed between verl's save and its log) is skipped the same way;
 - :func:`trim_metrics` keeps the records of the steps up to the resumed checkpoint and drops those a killed run
   logged after it (they are trained and logged again), and :func:`patch_file_logger_append` makes verl's file
   logger append to what is kept.
@@ -58,12 +59,49 @@ def choose_checkpoint(config: DictConfig, log=print) -> Path | None:
     steps = sorted((int(m.group(1)) for p in run_dir.iterdir() if (m := _STEP_DIR.match(p.name))), reverse=True)
     # the tracked one first, even if missing (then named as such and skipped), then the others newest first
     candidates = [tracked] + [run_dir / f"global_step_{s}" for s in steps if run_dir / f"global_step_{s}" != tracked]
-    chosen = newest_intact(run_dir, candidates, checkpoint_damage, log)
+    chosen = newest_intact(run_dir, candidates, _damage_or_unlogged(config, candidates), log)
     if chosen != tracked:  # verl would resume the tracked one: point it at the chosen one
         with open_dict(config):
             config.trainer.resume_mode = "resume_path"
             config.trainer.resume_from_path = str(chosen)
     return chosen
+
+
+def _damage_or_unlogged(config: DictConfig, candidates: list[Path]):
+    """:func:`checkpoint_damage`, and a checkpoint whose step has no record in the run's ``metrics.jsonl``.
+
+    verl saves a step's checkpoint before it logs the step's metrics (``trainer_base.py``, ``fit``: the save inside
+    the step, the record after validation), so a run killed in between leaves a checkpoint of a step that was never
+    logged; resuming from it would lose that record for good. Such a checkpoint is skipped like a damaged one and
+    the run resumes from the one before, training and logging that step again. Not applied when the run keeps no
+    metrics file, or when none of the checkpoints' steps was logged (a run that logged elsewhere until now)."""
+    path = metrics_path(config)
+    logged = logged_steps(path) if path is not None else set()
+    if not any(step_of(c) in logged for c in candidates):
+        return checkpoint_damage
+
+    def damage(checkpoint: Path) -> str | None:
+        problem = checkpoint_damage(checkpoint)
+        if problem is None and step_of(checkpoint) not in logged:
+            return (
+                f"step {step_of(checkpoint)} has no record in {path} (the run stopped after saving the checkpoint "
+                "and before logging the step); that step is trained and logged again"
+            )
+        return problem
+
+    return damage
+
+
+def logged_steps(path: Path) -> set[int]:
+    """The steps of the records of verl's ``{"step", "data"}`` lines in ``path`` (none when it does not exist)."""
+    steps = set()
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                steps.add(int(json.loads(line)["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a kill
+    return steps
 
 
 def metrics_path(config: DictConfig) -> Path | None:

@@ -398,3 +398,42 @@ def test_the_verl_resume_takes_the_newest_intact_checkpoint(tmp_path, capsys):
     config.trainer.resume_mode = "auto"
     with pytest.raises(ConfigError, match="every checkpoint in .* is damaged .*trainer.resume_mode=disable"):
         choose_checkpoint(config)
+
+
+def test_the_verl_resume_skips_a_checkpoint_whose_step_was_never_logged(tmp_path, capsys, monkeypatch):
+    """verl saves step K's checkpoint before it logs step K: killed in between, the run has a checkpoint of a step
+    that ``metrics.jsonl`` lacks. The resume takes the checkpoint before, so that step K is trained and logged
+    again; once step K's record is there, its checkpoint is taken; with no record of any checkpoint's step (a run
+    that did not log to this file) the newest intact checkpoint is taken as before."""
+    import json
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.resume import choose_checkpoint
+
+    for step in (1, 2):
+        (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
+        torch.save({"w": torch.zeros(10)}, tmp_path / f"global_step_{step}" / "actor" / "model.pt")
+        torch.save({}, tmp_path / f"global_step_{step}" / "data.pt")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics))
+
+    def config():
+        trainer = {"resume_mode": "auto", "default_local_dir": str(tmp_path), "resume_from_path": None}
+        return OmegaConf.create({"trainer": {**trainer, "logger": ["console", "file"]}})
+
+    def record(step):
+        return json.dumps({"step": step, "data": {"actor/pg_loss": 0.1}}) + "\n"
+
+    metrics.write_text(record(0) + record(1) + '{"step": 2, "da')  # step 2's line cut short by the kill
+    assert choose_checkpoint(config()) == tmp_path / "global_step_1"
+    out = capsys.readouterr().out
+    assert f"checkpoint {tmp_path / 'global_step_2'} is damaged and skipped: step 2 has no record in {metrics}" in out
+    assert f"resuming from {tmp_path / 'global_step_1'}, the newest intact checkpoint" in out
+
+    metrics.write_text(record(0) + record(1) + record(2))
+    assert choose_checkpoint(config()) == tmp_path / "global_step_2"
+    metrics.write_text(record(0))  # no checkpoint's step logged here: the files decide
+    assert choose_checkpoint(config()) == tmp_path / "global_step_2"
