@@ -18,7 +18,8 @@ Figures, from verl's per-step metrics (``metrics.jsonl``) over the training step
                        asynchronous modes ``gen`` is the wait in the sampler, the rollout runs on)
   rollout_wait_frac    the rollout stopped: sync and colocate_async, everything but ``gen`` (it is paused while the
                        actor trains); separate_async, ``timing_s/update_weights`` (it pauses for the weight sync only)
-  staleness_max        ``training/off_policy/trajectory_staleness_worst/max`` over the steps (0 in sync)
+  staleness_max        ``training/off_policy/trajectory_staleness_worst/max`` over the steps (in sync: carried
+                       groups, trained a step after they were sampled)
   val_acc              validation accuracy after the last step (before: at step 0)
   wall_s               the whole process, start-up included
 
@@ -27,7 +28,7 @@ cluster wins (the rollout and the actor each get all of a GPU there): this bench
 recipe, their overheads and their waits; ``python -m bench.async_sim`` estimates the 32B cluster picture.
 
 Run: python -m bench.bench_async [--real-model] [--steps N] [--modes sync,colocate_async] [--json PATH]
-(default 4 steps of cpu_tiny, about 12 minutes on 2 cores; --real-model: SmolLM2 word problems, 3 steps, about
+(default 4 steps of cpu_tiny, about 5 minutes on 2 cores; --real-model: SmolLM2 word problems, 3 steps, about
 25 minutes)
 """
 
