@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -161,3 +162,10 @@ def float64_end_to_end(monkeypatch):
 
     for norm in (modeling_qwen2.Qwen2RMSNorm, modeling_llama.LlamaRMSNorm):
         monkeypatch.setattr(norm, "forward", _rms_norm_in_input_dtype)
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a run that a test interrupts with SIGINT: Ctrl-C's default disposition, as a run started
+    in a terminal has it. A suite started in the background by a shell without job control (``make test &`` in a
+    script, ``nohup``) has SIGINT ignored, and every process it starts would inherit that and never see Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -20,7 +20,7 @@ from recipe.common.rundir import LOCK_FILE
 from recipe.common.task import AdditionTask
 from recipe.embedded.checkpoint import TRACKER, damage
 from recipe.embedded.monitor import read_metrics
-from tests.conftest import run_process
+from tests.conftest import interruptible, run_process
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
@@ -29,7 +29,12 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SI
 def _start(args: list[str], log: Path, module: str = "recipe.cli") -> subprocess.Popen:
     with log.open("w") as sink:
         return subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=REPO, env=ENV, stdout=sink, stderr=subprocess.STDOUT
+            [sys.executable, "-m", module, *args],
+            cwd=REPO,
+            env=ENV,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            preexec_fn=interruptible,  # the tests send SIGINT, as Ctrl-C does
         )
 
 

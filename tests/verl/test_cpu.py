@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.verl_cpu, pytest.mark.slow]
 
 sys.path.insert(0, str(REPO))
 from recipe.dapo.cpu.run import CPU_ENV  # noqa: E402  (plain dict, no verl import)
-from tests.conftest import SMOLLM2_TWO_STEPS  # noqa: E402
+from tests.conftest import SMOLLM2_TWO_STEPS, interruptible  # noqa: E402
 
 
 def _env(run_dir: Path) -> dict[str, str]:
@@ -118,7 +118,13 @@ def _start(run_dir: Path, env: dict, log, **extra) -> subprocess.Popen:
     """:func:`_command` started in a session of its own (so that a test can signal its process group), its output
     into ``log``."""
     return subprocess.Popen(
-        _command(run_dir, **extra), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        _command(run_dir, **extra),
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=interruptible,  # the Ctrl-C test sends SIGINT: a terminal's disposition, whatever the suite's
     )
 
 
