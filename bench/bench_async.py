@@ -35,13 +35,11 @@ Run: python -m bench.bench_async [--real-model] [--steps N] [--modes sync,coloca
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_engines import VERL_PY, _run, shared_overrides
+from bench.bench_engines import VERL_PY, verl_run
 from bench.common import print_table, write_json
 
 MODES = {
@@ -53,14 +51,6 @@ MODES = {
 
 def mode_overrides(mode: str) -> list[str]:
     return [f"trainer.v1.trainer_mode={MODES[mode]}", "dapo.sampling.carry_over=true"]
-
-
-def read_metrics(path: Path) -> dict[int, dict]:
-    records: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(int(record["step"]), {}).update(record["data"])
-    return records
 
 
 def figures(records: dict[int, dict], mode: str, steps: int, responses_per_step: int) -> dict:
@@ -86,23 +76,8 @@ def figures(records: dict[int, dict], mode: str, steps: int, responses_per_step:
 
 
 def run_mode(mode: str, steps: int, out: Path, real_model: bool) -> dict:
-    run_dir = out / mode
-    run_dir.mkdir(parents=True)
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", VERL_FILE_LOGGER_PATH=str(run_dir / "m.jsonl"))
-    if real_model:
-        env["DAPO_VERL_CPU_EXPERIMENT"] = "cpu_smollm2"
-    command = [
-        str(VERL_PY),
-        "-m",
-        "recipe.dapo.cpu.run",
-        *shared_overrides(steps, real_model),
-        *mode_overrides(mode),
-        f"trainer.default_local_dir={run_dir}",
-        "trainer.logger=[console,file]",
-    ]
-    wall, _ = _run(command, env, run_dir / "m.jsonl", out / f"{mode}.log")
-    records = read_metrics(run_dir / "m.jsonl")
-    per_step = 8 * 4 if real_model else 4 * 4  # data.train_batch_size x rollout.n of the settings above
+    records, wall, _ = verl_run(steps, out, real_model, name=mode, extra=tuple(mode_overrides(mode)))
+    per_step = 8 * 4 if real_model else 4 * 4  # data.train_batch_size x rollout.n of bench_engines' settings
     return {**figures(records, mode, steps, per_step), "wall_s": wall}
 
 

@@ -89,8 +89,13 @@ def _run(command: list[str], env: dict, metrics_path: Path, log_path: Path) -> t
     return time.monotonic() - start, first_step
 
 
-def run_verl(steps: int, out: Path, real_model: bool = False) -> dict:
-    run_dir = out / "verl"
+def verl_run(
+    steps: int, out: Path, real_model: bool = False, name: str = "verl", extra: tuple[str, ...] = ()
+) -> tuple[dict[int, dict], float, float | None]:
+    """One verl CPU run of the shared settings (plus ``extra`` overrides) in ``out/<name>``, its log in
+    ``out/<name>.log``: its per-step metrics (verl's ``file`` logger, a step logged twice merged), wall seconds and
+    seconds to the first training step."""
+    run_dir = out / name
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", VERL_FILE_LOGGER_PATH=str(run_dir / "m.jsonl"))
     if real_model:
         env["DAPO_VERL_CPU_EXPERIMENT"] = "cpu_smollm2"  # what make verl-cpu-smollm2 sets
@@ -100,14 +105,20 @@ def run_verl(steps: int, out: Path, real_model: bool = False) -> dict:
         "-m",
         "recipe.dapo.cpu.run",
         *shared_overrides(steps, real_model),
+        *extra,
         f"trainer.default_local_dir={run_dir}",
         "trainer.logger=[console,file]",
     ]
-    wall, startup = _run(cmd, env, run_dir / "m.jsonl", out / "verl.log")
+    wall, startup = _run(cmd, env, run_dir / "m.jsonl", out / f"{name}.log")
     records: dict[int, dict] = {}
     for line in (run_dir / "m.jsonl").read_text().splitlines():
         r = json.loads(line)
-        records.setdefault(r["step"], {}).update(r["data"])
+        records.setdefault(int(r["step"]), {}).update(r["data"])
+    return records, wall, startup
+
+
+def run_verl(steps: int, out: Path, real_model: bool = False) -> dict:
+    records, wall, startup = verl_run(steps, out, real_model)
     return _figures(records, steps, wall, startup)
 
 
