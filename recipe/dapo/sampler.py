@@ -350,10 +350,8 @@ class DAPOAsyncReplayBuffer(ReplayBufferAsync):
         super().__init__(
             sampler_kwargs=sampler_kwargs, trainer_mode=trainer_mode, filter_groups_metric=metric, **kwargs
         )
-        self._classified: Counter = Counter()  # groups finished since the last sample: kept, all_correct, all_wrong
-        self._step_counts: Counter = Counter()  # the same, over the step of the last sample
-        self._step_of_counts: int | None = None
-        self._samples_this_step = 0
+        self._classified: Counter = Counter()  # groups finished since the last report: kept, all_correct, all_wrong
+        self._samples = 0  # sample calls for training so far
 
     def _dapo_filtered_keys(self, partition_id: str):
         known = set(self._dapo_classification_cache[partition_id])
@@ -368,22 +366,18 @@ class DAPOAsyncReplayBuffer(ReplayBufferAsync):
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         batch, metrics = super().sample(global_steps, partition_id, batch_size)
         if partition_id != "val" and self.filter_groups_metric is not None:
-            if self._step_of_counts != global_steps:
-                self._step_counts.clear()
-                self._step_of_counts, self._samples_this_step = global_steps, 0
-            self._step_counts.update(self._classified)
-            self._classified.clear()
-            self._samples_this_step += 1
+            self._samples += 1
             # separate_async samples parameter_sync_step times a step, and verl averages a metric over the calls
             # that report it (trainer/ppo/v1/utils.py, MetricsAggregator): the step's counts go with its last call
-            if self._samples_this_step == self.samples_per_step:
-                seen = sum(self._step_counts.values())
+            if self._samples % self.samples_per_step == 0:
+                seen = sum(self._classified.values())
                 metrics.update(
                     {
                         "dapo/generated_prompts": seen,
-                        "dapo/kept_group_frac": self._step_counts["kept"] / seen if seen else 0.0,
-                        "dapo/filtered_all_correct": self._step_counts["all_correct"],
-                        "dapo/filtered_all_wrong": self._step_counts["all_wrong"],
+                        "dapo/kept_group_frac": self._classified["kept"] / seen if seen else 0.0,
+                        "dapo/filtered_all_correct": self._classified["all_correct"],
+                        "dapo/filtered_all_wrong": self._classified["all_wrong"],
                     }
                 )
+                self._classified.clear()
         return batch, metrics
