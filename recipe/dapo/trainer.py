@@ -138,10 +138,13 @@ class DAPOStages:
         # in-flight prompts on resume) by trainer_mode == "sync" and its other registry names; this trainer is that
         # mode's trainer registered under another name
         self.trainer_mode = self.VERL_MODE
-        # verl's __init__ read it under the configured name (trainer.v1.<dapo name>.parameter_sync_step); the
-        # mode's settings are under verl's name, as the replay buffer reads them; init() uses it later (the
-        # optimizer's schedule counts parameter_sync_step updates a step)
-        self.parameter_sync_step = config.trainer.v1.get(self.VERL_MODE, {}).get("parameter_sync_step", 1)
+        # verl's __init__ read it under the configured name (trainer.v1.<dapo name>.parameter_sync_step); init()
+        # uses it later (the optimizer's schedule counts parameter_sync_step updates a step)
+        self.parameter_sync_step = self._mode_config().get("parameter_sync_step", 1)
+
+    def _mode_config(self):
+        """``trainer.v1.<verl's mode name>``: the mode's settings, under verl's name whatever this trainer's."""
+        return self.config.trainer.v1.get(self.VERL_MODE, {})
 
     def fit(self, agent_loop_manager):
         """verl's ``fit``, unchanged, except that a run ending on an error (a failing reward function, a starved
@@ -244,7 +247,7 @@ class _DAPOAsyncBuffer:
         from recipe.dapo.sampler import DAPOAsyncReplayBuffer
 
         sampler = self.config.trainer.v1.sampler
-        mode_config = self.config.trainer.v1.get(self.VERL_MODE, {})
+        mode_config = self._mode_config()  # built inside verl's __init__, before parameter_sync_step is set
         return DAPOAsyncReplayBuffer(
             trainer_mode=self.VERL_MODE,
             trainer_config=mode_config,
