@@ -92,16 +92,22 @@ def _damage_or_unlogged(config: DictConfig, candidates: list[Path]):
     return damage
 
 
-def logged_steps(path: Path) -> set[int]:
-    """The steps of the records of verl's ``{"step", "data"}`` lines in ``path`` (none when it does not exist)."""
-    steps = set()
+def _records(path: Path) -> list[tuple[int | None, str]]:
+    """Each line of verl's ``{"step", "data"}`` records in ``path`` with its step (``None``: a line cut short by a
+    kill); none when the file does not exist."""
+    out = []
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                steps.add(int(json.loads(line)["step"]))
+                out.append((int(json.loads(line)["step"]), line))
             except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a kill
-    return steps
+                out.append((None, line))
+    return out
+
+
+def logged_steps(path: Path) -> set[int]:
+    """The steps of the records in ``path``."""
+    return {step for step, _ in _records(path) if step is not None}
 
 
 def metrics_path(config: DictConfig) -> Path | None:
@@ -119,17 +125,9 @@ def trim_metrics(path: Path, resumed_step: int) -> int:
     many were dropped. A line cut short by a kill is dropped too."""
     if not path.is_file():
         return 0
-    kept, dropped = [], 0
-    for line in path.read_text().splitlines():
-        try:
-            step = json.loads(line)["step"]
-        except (ValueError, KeyError, TypeError):
-            dropped += 1
-            continue
-        if step <= resumed_step:
-            kept.append(line)
-        else:
-            dropped += 1
+    records = _records(path)
+    kept = [line for step, line in records if step is not None and step <= resumed_step]
+    dropped = len(records) - len(kept)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(f"{line}\n" for line in kept))
     os.replace(tmp, path)
