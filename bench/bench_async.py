@@ -62,6 +62,9 @@ def figures(records: dict[int, dict], mode: str, steps: int, responses_per_step:
         rollout_wait = sum(r.get("timing_s/update_weights", 0.0) for r in train)
     else:
         rollout_wait = step_s - gen_s
+    kept = sum(
+        r["dapo/generated_prompts"] - r["dapo/filtered_all_correct"] - r["dapo/filtered_all_wrong"] for r in train
+    )
     val_key = next(k for k in records[0] if k.startswith("val-core/") and "/acc/mean@" in k)
     return {
         "trained_resp_per_s": steps * responses_per_step / step_s,
@@ -69,7 +72,8 @@ def figures(records: dict[int, dict], mode: str, steps: int, responses_per_step:
         "trainer_wait_frac": gen_s / step_s,
         "rollout_wait_frac": rollout_wait / step_s,
         "staleness_max": max(r.get("training/off_policy/trajectory_staleness_worst/max", 0) for r in train),
-        "kept_group_frac": sum(r["dapo/kept_group_frac"] for r in train) / steps,
+        # pooled over the run: an asynchronous step served by groups that finished before it classifies none
+        "kept_group_frac": kept / generated if (generated := sum(r["dapo/generated_prompts"] for r in train)) else None,
         "val_acc_before": records[0].get(val_key),
         "val_acc": records[steps].get(val_key),
     }

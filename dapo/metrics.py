@@ -55,7 +55,8 @@ METRIC_DOCS: dict[str, str] = {
     "train/num_gen_batches": "generation rounds needed to fill the train batch (1 = no refill needed, 0 = carried "
     "groups filled it)",
     "dapo/kept_group_frac": "fraction of generated groups with mixed accuracy (kept); falling means prompts are "
-    "saturating",
+    "saturating; NaN in a step that generated none (served by carried groups, or asynchronous groups that finished "
+    "before it)",
     "dapo/filtered_all_correct": "groups dropped this step because every response was correct",
     "dapo/filtered_all_wrong": "groups dropped this step because every response was wrong",
     "dapo/surplus_groups": "kept groups beyond the train batch (discarded, or carried when carry-over is on)",

@@ -371,10 +371,12 @@ class DAPOAsyncReplayBuffer(ReplayBufferAsync):
             # that report it (trainer/ppo/v1/utils.py, MetricsAggregator): the step's counts go with its last call
             if self._samples % self.samples_per_step == 0:
                 seen = sum(self._classified.values())
+                # a step served only by groups that finished before it (carried, or generated ahead while the
+                # staleness bound held the server) classified none: no fraction, as in the embedded engine
                 metrics.update(
                     {
                         "dapo/generated_prompts": seen,
-                        "dapo/kept_group_frac": self._classified["kept"] / seen if seen else 0.0,
+                        "dapo/kept_group_frac": self._classified["kept"] / seen if seen else float("nan"),
                         "dapo/filtered_all_correct": self._classified["all_correct"],
                         "dapo/filtered_all_wrong": self._classified["all_wrong"],
                     }

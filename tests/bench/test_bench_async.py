@@ -11,7 +11,13 @@ VAL = "val-core/synthetic_addition/acc/mean@2"
 
 def records(**extra) -> dict[int, dict]:
     """Two training steps of 16 responses each, validation before and after."""
-    step = {"timing_s/gen": 1.0, "dapo/kept_group_frac": 0.5, "training/off_policy/trajectory_staleness_worst/max": 1}
+    step = {
+        "timing_s/gen": 1.0,
+        "dapo/generated_prompts": 6,
+        "dapo/filtered_all_correct": 2,
+        "dapo/filtered_all_wrong": 1,
+        "training/off_policy/trajectory_staleness_worst/max": 1,
+    }
     return {
         0: {VAL: 0.25},
         1: {**step, "timing_s/step": 4.0, "response_length/mean": 5.0, "timing_s/update_weights": 0.5, **extra},
@@ -33,6 +39,14 @@ def test_figures_by_hand():
 def test_separate_rollout_waits_only_for_the_weight_update():
     out = figures(records(), "separate_async", steps=2, responses_per_step=16)
     assert out["rollout_wait_frac"] == pytest.approx(1 / 10)
+
+
+def test_kept_fraction_is_pooled_over_steps_that_classified_groups():
+    """An asynchronous step served by groups that finished before it classifies none (its fraction is NaN)."""
+    data = records()
+    data[2].update({"dapo/generated_prompts": 0, "dapo/filtered_all_correct": 0, "dapo/filtered_all_wrong": 0})
+    data[2]["dapo/kept_group_frac"] = float("nan")
+    assert figures(data, "separate_async", steps=2, responses_per_step=16)["kept_group_frac"] == pytest.approx(3 / 6)
 
 
 def test_sync_has_no_staleness_metric():

@@ -332,11 +332,19 @@ def test_async_mode_trains_with_the_dapo_filter_within_the_staleness_bound(own_t
     assert proc.returncode == 0, _tail(run_dir)
     steps = metrics(run_dir)
     assert VAL_ACC in steps[0] and VAL_ACC in steps[3]
+    kept = 0  # groups classified as kept over the run
     for step in (1, 2, 3):
         record = steps[step]
         classified = record["dapo/generated_prompts"]
         filtered = record["dapo/filtered_all_correct"] + record["dapo/filtered_all_wrong"]
-        assert classified > 0 and record["dapo/kept_group_frac"] == pytest.approx((classified - filtered) / classified)
+        kept += classified - filtered
+        if step == 1:  # classifies at least the 4 groups it trains; a later step may classify none (served by
+            assert classified - filtered >= 4, record  # groups that finished before it: carried or generated ahead)
+        if classified:
+            assert record["dapo/kept_group_frac"] == pytest.approx((classified - filtered) / classified)
+        else:
+            # NaN, which verl's file logger (orjson) writes as null
+            assert record["dapo/kept_group_frac"] is None and filtered == 0, record
         assert record.get("training/filter_groups/evicted_samples", 0) == filtered  # verl's count of the same
         assert 0.0 <= record["dapo/overlong_frac"] <= 1.0 and record["dapo/loss_tokens"] > 0
         assert record["training/off_policy/trajectory_staleness_worst/max"] <= threshold - 1, record
@@ -346,8 +354,7 @@ def test_async_mode_trains_with_the_dapo_filter_within_the_staleness_bound(own_t
         if mode == "dapo_separate_async":  # the weights went through the shm engine after the step
             assert record["dapo/weight_transfer/bytes"] > 0, record
     # every trained group passed the filter: the groups kept over the run cover the 3 x 4 trained
-    kept = sum(steps[s]["dapo/generated_prompts"] * steps[s]["dapo/kept_group_frac"] for s in (1, 2, 3))
-    assert round(kept) >= 3 * 4
+    assert kept >= 3 * 4
 
 
 def test_a_stale_rollout_is_caught_by_the_weight_sync_metric(own_tmp):
