@@ -39,6 +39,13 @@ METRIC_DOCS: dict[str, str] = {
     "dapo/weight_sync/logprob_diff_max": "verl engine: max |actor log-prob - rollout log-prob| of the sampled tokens; "
     "~1e-5 in fp32, ~1e-2 bf16 vs fp32; large means stale rollout weights",
     "dapo/weight_sync/logprob_diff_mean": "verl engine: mean of the same gap over the step's response tokens",
+    "dapo/partial_rollout/frac": "verl asynchronous modes: fraction of the step's responses whose sampling spanned a "
+    "weight update (aborted, kept and resumed on newer weights: partial rollouts)",
+    "dapo/partial_rollout/logprob_diff_max": "max |actor log-prob - rollout log-prob| over the tokens of partial "
+    "rollouts that ended on the last update's weights: their earlier tokens keep the log-probs of the older weights "
+    "that sampled them, so this shows the policy's change, not a sync fault",
+    "dapo/partial_rollout/last_token_logprob_diff_max": "the same gap at those responses' last tokens, sampled by the "
+    "last update's weights: at the level of dapo/weight_sync/logprob_diff_max when the resume and the sync work",
     "response/repeat_ngram_frac": "fraction of trained responses in which some n-gram of token ids "
     "(n = dapo.metrics.REPEAT_NGRAM) occurs twice or more; low, rising means repetition loops (the paper's Fig. 4)",
     "dapo/overlong_penalty/mean": "mean soft overlong punishment added to the score (0 until responses enter the "

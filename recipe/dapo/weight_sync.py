@@ -11,6 +11,11 @@ engines:
   ``|old_log_prob - rollout_log_prob|``;
 * ``dapo/weight_sync/logprob_diff_mean``: its mean.
 
+In the asynchronous modes a response may be a partial rollout: aborted at a weight update, its tokens kept, and
+resumed on the new weights (verl's ``FullyAsyncLLMServerClient``), so its tokens come from several policies and
+each keeps the log-prob of the one that sampled it. The ``dapo/weight_sync/*`` gap covers the responses sampled
+entirely by the last update's weights; ``dapo/partial_rollout/*`` the others (:func:`weight_sync_metrics`).
+
 Measured on a CPU (configs/experiment/cpu_tiny.yaml, fp32 actor and fp32 vLLM): about 1e-5 to 1e-4 when the sync
 works; a stale rollout (weights not updated after training steps) shows the policy's change instead, orders of
 magnitude larger. With a bf16 rollout against an fp32 actor expect about 1e-2 from rounding alone. verl logs the
@@ -37,25 +42,55 @@ def logprob_gap(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, ma
     }
 
 
-def weight_sync_metrics(batch: KVBatchMeta, version: int | None = None) -> dict[str, float]:
-    """:func:`logprob_gap` of a batch in the TransferQueue, once verl has written ``old_log_probs``; with ``version``,
-    of the responses sampled entirely by the weights of that update (the trajectory tags ``min_global_steps`` and
-    ``max_global_steps``, which verl's partial-rollout client writes) and nothing if there is none."""
-    keys = batch.keys
-    if version is not None:
-        keys = [
-            key
-            for key, tag in zip(batch.keys, batch.tags)
-            if tag.get("min_global_steps") == tag.get("max_global_steps") == version
-        ]
-        if not keys:
-            return {}
-    fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
-    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
-    if "rollout_log_probs" not in data.keys():
+def partial_rollout_gap(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """``dapo/partial_rollout/*_logprob_diff_max`` from ``[N, T]`` log-probs and mask of responses whose sampling
+    began on older weights and ended on the actor's (a partial rollout resumed after a weight update)."""
+    valid = mask.bool()  # [N, T]
+    ends = valid.any(dim=-1)  # [N] responses with a token in the loss
+    if not ends.any():
         return {}
-    padded = {name: data[name].to_padded_tensor(padding=0) if data[name].is_nested else data[name] for name in fields}
-    width = padded["response_mask"].shape[-1]
-    return logprob_gap(
-        padded["old_log_probs"][:, :width], padded["rollout_log_probs"][:, :width], padded["response_mask"]
-    )
+    gap = (old_log_probs.float() - rollout_log_probs.float()).abs()  # [N, T]
+    last = valid.shape[-1] - 1 - valid.flip(-1).int().argmax(dim=-1)  # [N] index of each last valid token
+    return {
+        "dapo/partial_rollout/logprob_diff_max": gap[valid].max().item(),
+        "dapo/partial_rollout/last_token_logprob_diff_max": gap[ends, last[ends]].max().item(),
+    }
+
+
+def weight_sync_metrics(batch: KVBatchMeta, version: int | None = None) -> dict[str, float]:
+    """:func:`logprob_gap` of a batch in the TransferQueue, once verl has written ``old_log_probs``.
+
+    With ``version`` (the asynchronous modes, the weights of the last update): the gap of the responses sampled
+    entirely by those weights (the trajectory tags ``min_global_steps`` and ``max_global_steps``, which verl's
+    partial-rollout client writes), and the partial rollouts': ``dapo/partial_rollout/frac``, the fraction of the
+    batch's responses whose sampling spanned a weight update, and for those that ended on ``version``
+    :func:`partial_rollout_gap`. verl keeps each segment's log-probs from the weights that sampled it, so a partial
+    rollout's last token is at the sync's gap and its earlier tokens show the policy's change since they were
+    sampled."""
+    tags = dict(zip(batch.keys, batch.tags))
+    metrics: dict[str, float] = {}
+    if version is None:
+        whole, partial = list(batch.keys), []
+    else:
+        whole = [
+            key for key, tag in tags.items() if tag.get("min_global_steps") == tag.get("max_global_steps") == version
+        ]
+        spans = [key for key, tag in tags.items() if tag.get("min_global_steps") != tag.get("max_global_steps")]
+        partial = [key for key in spans if tags[key].get("max_global_steps") == version]
+        if tags:
+            metrics["dapo/partial_rollout/frac"] = len(spans) / len(tags)
+    for keys, gap in ((whole, logprob_gap), (partial, partial_rollout_gap)):
+        if not keys:
+            continue
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+        if "rollout_log_probs" not in data.keys():
+            return metrics
+        padded = {n: data[n].to_padded_tensor(padding=0) if data[n].is_nested else data[n] for n in fields}
+        width = padded["response_mask"].shape[-1]
+        metrics.update(
+            gap(padded["old_log_probs"][:, :width], padded["rollout_log_probs"][:, :width], padded["response_mask"])
+        )
+    return metrics

