@@ -20,6 +20,7 @@ Figures, from verl's per-step metrics (``metrics.jsonl``) over the training step
                        actor trains); separate_async, ``timing_s/update_weights`` (it pauses for the weight sync only)
   staleness_max        ``training/off_policy/trajectory_staleness_worst/max`` over the steps (in sync: carried
                        groups, trained a step after they were sampled)
+  kept_group_frac      groups kept by the accuracy filter / groups it classified, pooled over the steps
   val_acc              validation accuracy after the last step (before: at step 0)
   wall_s               the whole process, start-up included
 
