@@ -9,7 +9,7 @@ Each mode trains the same model on the same task with the same DAPO settings, se
   separate_async  ``dapo_separate_async``: a standalone vLLM server of its own, weights through host memory
 
 Every mode carries finished groups to later steps (``dapo.sampling.carry_over=true``, which the asynchronous
-modes require) and bounds staleness by ``trainer.v1.sampler.max_off_policy_threshold`` (default 2).
+modes require) and bounds staleness by ``trainer.v1.sampler.max_off_policy_threshold`` (verl's default, 8).
 
 Figures, from verl's per-step metrics (``metrics.jsonl``) over the training steps:
   trained_resp_per_s   trained responses / the steps' summed ``timing_s/step``
