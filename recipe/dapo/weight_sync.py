@@ -81,16 +81,19 @@ def weight_sync_metrics(batch: KVBatchMeta, version: int | None = None) -> dict[
         partial = [key for key in spans if tags[key].get("max_global_steps") == version]
         if tags:
             metrics["dapo/partial_rollout/frac"] = len(spans) / len(tags)
-    for keys, gap in ((whole, logprob_gap), (partial, partial_rollout_gap)):
-        if not keys:
-            continue
-        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
-        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
-        if "rollout_log_probs" not in data.keys():
-            return metrics
-        padded = {n: data[n].to_padded_tensor(padding=0) if data[n].is_nested else data[n] for n in fields}
-        width = padded["response_mask"].shape[-1]
-        metrics.update(
-            gap(padded["old_log_probs"][:, :width], padded["rollout_log_probs"][:, :width], padded["response_mask"])
-        )
+    keys = whole + partial  # one fetch for both
+    if not keys:
+        return metrics
+    fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+    if "rollout_log_probs" not in data.keys():
+        return metrics
+    padded = {n: data[n].to_padded_tensor(padding=0) if data[n].is_nested else data[n] for n in fields}
+    width = padded["response_mask"].shape[-1]
+    rows = (padded["old_log_probs"][:, :width], padded["rollout_log_probs"][:, :width], padded["response_mask"])
+    n = len(whole)  # the rows come in the order of the keys: the whole responses, then the partial ones
+    if whole:
+        metrics.update(logprob_gap(*(t[:n] for t in rows)))
+    if partial:
+        metrics.update(partial_rollout_gap(*(t[n:] for t in rows)))
     return metrics
