@@ -200,6 +200,19 @@ _STEP_COUNTERS = ("generated", "all_correct", "all_wrong", "kept", "skipped", "c
 _TOTALS = ("steps", "rounds", "generated", "kept", "trained", "discarded", "dropped_stale", "skipped")
 
 
+def filter_metrics(generated: int, kept: int, all_correct: int, all_wrong: int) -> dict[str, float]:
+    """The accuracy filter's counts of one step, as every engine and mode reports them: the groups generated (in
+    verl's asynchronous modes, classified) this step and how many were kept or dropped as all correct / all wrong.
+    ``dapo/kept_group_frac`` is NaN in a step that generated none (served by carried groups, or by asynchronous
+    groups that finished before it): no fraction rather than a 0 that reads as everything filtered."""
+    return {
+        "dapo/generated_prompts": float(generated),
+        "dapo/kept_group_frac": kept / generated if generated else float("nan"),
+        "dapo/filtered_all_correct": float(all_correct),
+        "dapo/filtered_all_wrong": float(all_wrong),
+    }
+
+
 class BatchFiller:
     """Accumulates groups with mixed accuracy over generation rounds until the train batch is full.
 
@@ -474,16 +487,13 @@ class BatchFiller:
         self.totals["dropped_stale"] += s["dropped_stale"]
         self.totals["skipped"] += s["skipped"]
         metrics = {
-            "dapo/kept_group_frac": s["kept"] / s["generated"] if s["generated"] else float("nan"),
-            "dapo/filtered_all_correct": float(s["all_correct"]),
-            "dapo/filtered_all_wrong": float(s["all_wrong"]),
+            **filter_metrics(s["generated"], s["kept"], s["all_correct"], s["all_wrong"]),
             "dapo/surplus_groups": float(len(surplus)),
             "dapo/discarded_groups": float(discarded),
             "dapo/carried_groups": float(min(s["carried_in"], self.train_batch_size)),
             "dapo/dropped_stale_groups": float(s["dropped_stale"]),
             "dapo/skipped_prompts": float(s["skipped"]),
             "dapo/saturated_prompts": float(self.num_saturated_prompts),
-            "dapo/generated_prompts": float(s["generated"]),
             "dapo/generated_per_trained": s["generated"] / self.train_batch_size,
             "dapo/kept_frac_estimate": self.kept_frac_estimate,
             "train/num_gen_batches": float(len(self.rounds)),

@@ -52,7 +52,7 @@ import torch
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer, ReplayBufferAsync
 
-from dapo.sampling import BatchFiller
+from dapo.sampling import BatchFiller, filter_metrics
 from dapo.settings import ConfigError, FilterSettings, SamplingSettings
 
 logger = logging.getLogger(__name__)
@@ -370,16 +370,9 @@ class DAPOAsyncReplayBuffer(ReplayBufferAsync):
             # separate_async samples parameter_sync_step times a step, and verl averages a metric over the calls
             # that report it (trainer/ppo/v1/utils.py, MetricsAggregator): the step's counts go with its last call
             if self._samples % self.samples_per_step == 0:
-                seen = sum(self._classified.values())
-                # a step served only by groups that finished before it (carried, or generated ahead while the
-                # staleness bound held the server) classified none: no fraction, as in the embedded engine
+                counts = self._classified
                 metrics.update(
-                    {
-                        "dapo/generated_prompts": seen,
-                        "dapo/kept_group_frac": self._classified["kept"] / seen if seen else float("nan"),
-                        "dapo/filtered_all_correct": self._classified["all_correct"],
-                        "dapo/filtered_all_wrong": self._classified["all_wrong"],
-                    }
+                    filter_metrics(sum(counts.values()), counts["kept"], counts["all_correct"], counts["all_wrong"])
                 )
                 self._classified.clear()
         return batch, metrics
