@@ -119,8 +119,9 @@ METRIC_DOCS: dict[str, str] = {
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-token entropy ``[N, T]`` of the categorical distributions given by ``logits`` ``[N, T, V]``."""
-    log_p = torch.log_softmax(logits.float(), dim=-1)  # [N, T, V]
+    """Per-token entropy ``[N, T]`` of the categorical distributions given by ``logits`` ``[N, T, V]``, in fp32 (fp64
+    for fp64 logits)."""
+    log_p = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)  # [N, T, V]
     return -(log_p.exp() * log_p).sum(dim=-1)  # [N, T]
 
 

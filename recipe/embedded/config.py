@@ -420,6 +420,11 @@ class EmbeddedConfig:
     tiny_model: dict = _key("embedded.model", "the tiny Qwen2's shape when model.path is null")
     warmup: dict = _key("embedded.warmup", "the tiny model's supervised warm-up")
     progress_bar: bool = _key("embedded.progress_bar", "a progress bar on the terminal (off: one line per step)")
+    fast_path: bool = _key(
+        "embedded.fast_path",
+        "Llama / Qwen2 models: the fused decoder samples, and on a CPU the update's attention runs as fp32 products "
+        "and its head in chunks (false: the model's own forward throughout; the same distribution and loss)",
+    )
 
     @classmethod
     def from_config(cls, config: Mapping) -> EmbeddedConfig:
@@ -434,6 +439,7 @@ class EmbeddedConfig:
             tiny_model=_get(config, "embedded.model", {}),
             warmup=_get(config, "embedded.warmup", {}),
             progress_bar=bool(_get(config, "embedded.progress_bar")),
+            fast_path=bool(_get(config, "embedded.fast_path")),
         )
 
 

@@ -18,7 +18,9 @@ import torch
 from dapo.settings import eos_token_ids
 from recipe.common.cpu import cpu_has_bf16
 from recipe.common.warmup import warm_model
+from recipe.embedded.attention import use_cpu_attention
 from recipe.embedded.config import ConfigError, EngineConfig
+from recipe.embedded.fused_decoder import FusedDecoder, unsupported_reason
 
 
 @dataclass
@@ -29,25 +31,34 @@ class Policy:
     pad_id: int
     device: torch.device
     autocast_dtype: torch.dtype | None  # bf16 compute over fp32 weights (a GPU, or a CPU with native bf16)
-    _sampler: torch.nn.Module | None = field(default=None, repr=False)
+    fast_path: bool = False  # embedded.fast_path: sample with the fused decoder where the model is supported
+    _sampler: torch.nn.Module | FusedDecoder | None = field(default=None, repr=False)
 
     def autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
-    def sampler(self) -> torch.nn.Module:
-        """The model that generates: the policy itself in full precision; with low-precision compute, a copy held
-        in ``autocast_dtype`` (:func:`low_precision_copy`), kept in step by :meth:`sync_sampler`."""
-        if self.autocast_dtype is None:
-            return self.model
+    def sampler(self) -> torch.nn.Module | FusedDecoder:
+        """What generates: with ``fast_path`` and a supported model, a :class:`FusedDecoder` over the policy's weights
+        (in ``autocast_dtype`` where set); otherwise the policy itself in full precision, or with low-precision
+        compute a copy held in ``autocast_dtype`` (:func:`low_precision_copy`). Kept in step by
+        :meth:`sync_sampler`."""
         if self._sampler is None:
-            self._sampler = low_precision_copy(self.model, self.autocast_dtype)
+            dtype = self.autocast_dtype or next(self.model.parameters()).dtype
+            if self.fast_path and unsupported_reason(self.model) is None:
+                self._sampler = FusedDecoder(self.model, dtype)
+            elif self.autocast_dtype is not None:
+                self._sampler = low_precision_copy(self.model, self.autocast_dtype)
+            else:
+                return self.model
         return self._sampler
 
     def sync_sampler(self) -> None:
-        """After an optimizer step: the generating copy takes the policy's new weights, cast to its dtype."""
-        if self._sampler is not None:
+        """After an optimizer step: what generates takes the policy's new weights, cast to its dtype."""
+        if isinstance(self._sampler, FusedDecoder):
+            self._sampler.refresh()
+        elif self._sampler is not None:
             with torch.no_grad():
                 for low, full in zip(self._sampler.parameters(), self.model.parameters(), strict=True):
                     low.copy_(full)
@@ -153,7 +164,9 @@ def load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
     if c.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.to(device)
-    return Policy(model, tokenizer, torch.tensor(eos), int(pad_id), device, autocast_dtype)
+    if c.embedded.fast_path:
+        use_cpu_attention(model)  # a CPU model with sdpa / eager attention: fp32 products (recipe.embedded.attention)
+    return Policy(model, tokenizer, torch.tensor(eos), int(pad_id), device, autocast_dtype, c.embedded.fast_path)
 
 
 def load_tokenizer(path, trust_remote_code: bool = False):

@@ -425,6 +425,7 @@ class EmbeddedTrainer:
                     temperature=c.rollout.temperature,
                     pad_id=policy.pad_id,
                     micro_batch_size=c.rollout.log_prob_micro_batch_size,
+                    chunked_head=c.embedded.fast_path,
                 )
         out = []
         for g in groups:
@@ -500,6 +501,7 @@ class EmbeddedTrainer:
                 pad_id=policy.pad_id,
                 with_entropy=True,
                 entropy_grad=c.actor.entropy_coeff != 0,
+                chunked_head=c.embedded.fast_path,
             )  # [n, T'] each
         device = log_prob.device
         mask = batch["loss_mask"][rows, :width].to(device)  # [n, T']

@@ -267,7 +267,8 @@ def test_shared_prompt_forward_equals_the_full_forward_with_gradients(layout, fl
 def test_auto_layout_packs_short_rows_and_caches_long_ones(monkeypatch):
     """``layout="auto"``: rows of prompt + n x response up to PACKED_MAX_LEN tokens go through the model in one
     call (packed), longer ones in two (prompt prefill, then the responses on its cache); an unknown layout is an
-    error naming the choices. Here a row is 7 + 3 x (6 - 1) = 22 tokens."""
+    error naming the choices. Here a row is 7 + 3 x (6 - 1) = 22 tokens. (Qwen2's logits are its head over the
+    last hidden state, so the model runs without its head: the calls counted are the decoder's.)"""
     from recipe.embedded import decode
 
     model = qwen2(64).train()
@@ -275,7 +276,7 @@ def test_auto_layout_packs_short_rows_and_caches_long_ones(monkeypatch):
     response_ids = torch.randint(3, 64, (3, 6), generator=torch.Generator().manual_seed(3))  # [3, 6]
     response_mask = torch.ones(3, 6, dtype=torch.long)
     calls = []
-    model.register_forward_hook(lambda module, args, kwargs_out: calls.append(1))
+    model.get_decoder().register_forward_hook(lambda module, args, kwargs_out: calls.append(1))
 
     def model_calls(limit: int) -> int:
         monkeypatch.setattr(decode, "PACKED_MAX_LEN", limit)
