@@ -5,8 +5,9 @@ The update needs ``log pi(y_t)`` (and the entropy, a metric) of the trained toke
 materialises the logits of every position over the whole vocabulary in fp32, then their log-softmax: on SmolLM2
 (49,152 tokens), a micro-batch of 8 responses of 104 tokens holds about 160 MB per copy and makes several.
 :func:`token_log_probs` computes the same quantities from the hidden states of the predicting positions, one chunk
-of tokens at a time, and its backward recomputes each chunk's logits (the head is a small part of the model's
-FLOPs); the largest transient is one chunk's ``[CHUNK_TOKENS, V]``.
+of tokens at a time, keeping only the head's own 16-bit logits for the backward (under bf16 autocast: a quarter of
+one fp32 copy; in fp32 and fp64 the backward recomputes them); the largest fp32 transient is one chunk's
+``[CHUNK_TOKENS, V]``.
 
 The arithmetic is the plain path's: logits ``hidden @ W.T`` in the compute dtype (bf16 under autocast, rounded to
 it as a bf16 ``lm_head`` rounds them), then fp32 (fp64 for fp64 weights), divided by the temperature; ``log_prob =
@@ -45,31 +46,43 @@ def token_log_probs(
     return log_prob, (entropy if with_entropy else None)
 
 
-def _logits(h: torch.Tensor, w: torch.Tensor, temperature: float, out_dtype: torch.dtype) -> torch.Tensor:
-    """``[c, V]`` logits / temperature, rounded to the compute dtype first, as ``lm_head`` rounds them."""
-    z = F.linear(h, w).to(out_dtype)
+def _scaled(logits: torch.Tensor, temperature: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """``[c, V]`` logits (rounded to the compute dtype, as ``lm_head`` rounds them) / temperature, in ``out_dtype``."""
+    z = logits.to(out_dtype)
     return z if temperature == 1.0 else z.div_(temperature)
 
 
 class _HeadLogProbs(torch.autograd.Function):
+    """Forward: per chunk, the head's logits (kept for the backward when they are 16-bit: the model's own output, a
+    quarter of fp32 logits' size; recomputed in fp32 and fp64), their fp32 log-sum-exp, the targets' log-probs and
+    the entropy. Backward: per chunk, softmax from the kept logits and log-sum-exp, the logits' gradient, then the
+    two products of the head."""
+
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, compute, with_entropy, entropy_grad):
         out_dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        keep = compute in (torch.bfloat16, torch.float16)
         w = weight.detach().to(compute)
         m = hidden.shape[0]
         log_prob = torch.empty(m, dtype=out_dtype, device=hidden.device)
         lse = torch.empty(m, dtype=out_dtype, device=hidden.device)
         entropy = torch.empty(m if with_entropy else 0, dtype=out_dtype, device=hidden.device)
+        kept = []
         for start in range(0, m, CHUNK_TOKENS):
             rows = slice(start, start + CHUNK_TOKENS)
-            z = _logits(hidden[rows].detach().to(compute), w, temperature, out_dtype)  # [c, V]
-            lse[rows] = torch.logsumexp(z, dim=-1)
+            raw = F.linear(hidden[rows].detach().to(compute), w)  # [c, V] in the compute dtype
+            if keep:
+                kept.append(raw)
+            z = _scaled(raw, temperature, out_dtype)  # [c, V]
+            top = z.amax(dim=-1, keepdim=True)  # [c, 1]
+            e = (z - top).exp_()  # [c, V] unnormalised softmax
+            total = e.sum(dim=-1)  # [c]
+            lse[rows] = top.squeeze(-1) + total.log()
             log_prob[rows] = z.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - lse[rows]
             if with_entropy:  # logsumexp(z) - sum(softmax(z) * z)
-                p = (z - lse[rows].unsqueeze(-1)).exp_()
-                entropy[rows] = lse[rows] - torch.linalg.vecdot(p, z)
+                entropy[rows] = lse[rows] - torch.linalg.vecdot(e, z) / total
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
-        ctx.temperature, ctx.compute, ctx.entropy_grad = temperature, compute, entropy_grad
+        ctx.kept, ctx.temperature, ctx.compute, ctx.entropy_grad = kept, temperature, compute, entropy_grad
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
         return log_prob, entropy
@@ -83,10 +96,11 @@ class _HeadLogProbs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=out_dtype, device=weight.device)
         use_entropy = ctx.entropy_grad and grad_entropy is not None
-        for start in range(0, hidden.shape[0], CHUNK_TOKENS):
+        for chunk, start in enumerate(range(0, hidden.shape[0], CHUNK_TOKENS)):
             rows = slice(start, start + CHUNK_TOKENS)
             h = hidden[rows].to(compute)
-            z = _logits(h, w, temperature, out_dtype)  # [c, V] recomputed
+            raw = ctx.kept[chunk] if ctx.kept else F.linear(h, w)  # [c, V] kept, or recomputed
+            z = _scaled(raw, temperature, out_dtype)
             p = z.sub(lse[rows].unsqueeze(-1)).exp_()  # [c, V] softmax
             if use_entropy:  # d entropy / dz = -p (z - lse + entropy)
                 z.sub_((lse[rows] - entropy[rows]).unsqueeze(-1)).mul_(p).mul_(-grad_entropy[rows].unsqueeze(-1))
@@ -99,4 +113,5 @@ class _HeadLogProbs(torch.autograd.Function):
             grad_z = grad_z.to(compute)  # into the head's dtype
             grad_hidden[rows] = (grad_z @ w).to(hidden.dtype)
             grad_weight += (grad_z.T @ h).to(out_dtype)
+        ctx.kept = None
         return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
