@@ -1,7 +1,7 @@
 """Package layout that pyproject.toml cannot say alone: the repository's ``configs/`` ships inside the wheel as
 the package ``dapo_verl_configs`` (its YAML files as package data), beside the packages found automatically, so
 that an installed ``dapo-train`` / ``python -m recipe.dapo.main_dapo`` finds its configs from any directory
-(``recipe/configs_dir.py``). Everything else is in pyproject.toml."""
+(``recipe/config.py``). Everything else is in pyproject.toml."""
 
 from setuptools import find_namespace_packages, setup
 

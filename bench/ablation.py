@@ -203,7 +203,7 @@ def run_overrides(row: dict, seed: int, run_dir: Path, extra: list[str]) -> list
 
 
 def _compose(overrides: list[str], config_name: str = CONFIG_NAME):
-    from recipe.cli import compose
+    from recipe.config import compose
 
     return compose(overrides, config_name)
 

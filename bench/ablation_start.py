@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     from dapo.loss import truncated_responses
     from dapo.reward import compute_score
     from dapo.settings import eos_token_ids
-    from recipe.cli import compose
     from recipe.common.warmup import task_files, warm_model
+    from recipe.config import compose
     from recipe.embedded.config import read_config
     from recipe.embedded.decode import sample
     from recipe.embedded.policy import bf16_compute, load_tokenizer, low_precision_copy

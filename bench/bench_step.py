@@ -124,8 +124,8 @@ def build(config_name: str, overrides: list[str]):
     """The composed config, tokenizer, prompts of one round, and the model (fp32 master weights)."""
     from transformers import AutoModelForCausalLM
 
-    from recipe.cli import compose
     from recipe.common.warmup import task_files, warm_model
+    from recipe.config import compose
     from recipe.embedded.config import read_config
     from recipe.embedded.data import load_prompts
     from recipe.embedded.policy import load_tokenizer

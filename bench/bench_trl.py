@@ -112,7 +112,7 @@ def engine_overrides(run_dir: Path, steps: int, eval_every: int, threads: int | 
 def engine_config(overrides: list[str], config_name: str = "embedded"):
     """The composed config (as ``dapo-train --config-name <config_name>`` composes it) and the engine's checked
     view of it."""
-    from recipe.cli import compose
+    from recipe.config import compose
     from recipe.embedded.config import read_config
 
     cfg = compose(overrides, config_name)

@@ -1,85 +1,74 @@
-"""``dapo-train`` / ``python -m recipe.cli``: compose the Hydra config and run the chosen engine.
+"""``dapo-train`` / ``python -m recipe.cli``: compose the Hydra config and run the engine it names.
 
     dapo-train                                   # the embedded default (configs/embedded.yaml)
     dapo-train trainer.total_training_steps=20   # any key=value override, verl's names
+    dapo-train --config-name embedded_smollm2    # another config of the configs directory (--help lists them)
     dapo-train dapo.engine=verl ...              # the verl engine (recipe.dapo.main_dapo.run_dapo)
-    dapo-train --config-name dapo_trainer ...    # another config of the configs directory
+    dapo-train --cfg job [...]                   # print the composed config and exit
 
-The configs directory is ``$DAPO_CONFIG_DIR``, else the repository's ``configs/``, else the copy installed with the
-package (``recipe.configs_dir``). Composition
-runs in Hydra's struct mode, so a misspelt key fails at once, with the key named and no traceback.
+Composing, the configs directory and the exit codes are ``recipe.config``'s (one table for both entry points).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from pathlib import Path
 
-USAGE = __doc__.split("\n\n")[1]
-DEFAULT_CONFIG = "embedded"
+from recipe.config import (
+    DEFAULT_CONFIG,
+    EXIT_CONFIG,
+    compose,
+    compose_error,
+    config_dir,
+    config_names,
+    fail,
+    finish,
+    split_args,
+)
 
-
-def config_dir() -> Path:
-    from recipe.configs_dir import config_dir as find
-
-    return find()
-
-
-def compose(overrides: list[str], config_name: str = DEFAULT_CONFIG):
-    """The composed config (raises Hydra's errors on unknown keys or bad override syntax)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    directory = config_dir()
-    if not (directory / f"{config_name}.yaml").is_file():
-        raise FileNotFoundError(
-            f"no config {config_name}.yaml in {directory}; set DAPO_CONFIG_DIR to the repository's configs directory"
-        )
-    # verl's own configs (ppo_trainer) come onto the search path through hydra_plugins/dapo_verl
-    with initialize_config_dir(config_dir=str(directory), version_base=None):
-        return hydra_compose(config_name=config_name, overrides=overrides)
-
-
-def _split_args(args: list[str]) -> tuple[str, list[str]]:
-    config_name, overrides = DEFAULT_CONFIG, []
-    it = iter(args)
-    for arg in it:
-        if arg in ("--config-name", "-cn"):
-            config_name = next(it, DEFAULT_CONFIG)
-        elif arg.startswith("--config-name="):
-            config_name = arg.split("=", 1)[1]
-        else:
-            overrides.append(arg)
-    return config_name.removesuffix(".yaml"), overrides
+PROG = "dapo-train"
+#: dapo.engine -> the function that trains a composed config (module:function), imported only when chosen
+ENGINES = {
+    "embedded": "recipe.embedded.trainer:run",
+    "verl": "recipe.dapo.main_dapo:run_dapo",
+}
+#: the keys most runs set, for --help
+COMMON_KEYS = (
+    ("trainer.total_training_steps", "rollout steps"),
+    ("trainer.default_local_dir", "the run directory: metrics.jsonl, plots, W&B, checkpoints (resumed from)"),
+    ("trainer.logger", "[console,wandb] (W&B offline without credentials), tensorboard"),
+    ("actor_rollout_ref.model.path", "a local Hugging Face model folder (null: the tiny model)"),
+    ("data.train_files / data.val_files", "parquet in verl's schema"),
+    ("data.max_prompt_length / data.max_response_length", "token budgets"),
+    ("data.train_batch_size", "prompts per step (kept groups)"),
+    ("actor_rollout_ref.rollout.n", "responses per prompt"),
+    ("actor_rollout_ref.actor.optim.lr", "learning rate"),
+    ("dapo.engine", "embedded | verl"),
+)
 
 
-def _quiet_verl_import() -> None:
-    """Composing imports verl, which announces every optional engine it lacks and, without a GPU, that it falls
-    back to CUDA; neither says anything about this run (the verl engine reports a missing GPU itself)."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
-    # a filter, not a level: verl sets this logger's level when it is imported
-    logging.getLogger("verl.plugin.platform.platform_manager").addFilter(lambda record: record.levelno >= logging.ERROR)
-
-
-def _fail(message: str) -> int:
-    print(f"dapo-train: error: {message}", file=sys.stderr)
-    return 2
+def usage() -> str:
+    keys = "\n".join(f"  {key:<52} {meaning}" for key, meaning in COMMON_KEYS)
+    return (
+        f"{__doc__.split(chr(10) * 2)[1]}\n\nconfigs ({config_dir()}): {', '.join(config_names())}\n\n"
+        f"common keys (every key: docs/reference/configuration.md):\n{keys}\n\n"
+        "exit codes: 0 trained, 1 stopped at run time, 2 config refused, 75 stopped by the watchdog (resume with the "
+        "same command), 130 interrupted"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE)
+        print(usage())
         return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _quiet_verl_import()
-    config_name, overrides = _split_args(args)
+    print_config = _take_cfg_flag(args)
+    config_name, overrides = split_args(args, DEFAULT_CONFIG)
 
     from hydra.errors import HydraException
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from dapo.settings import select
@@ -87,51 +76,47 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose(overrides, config_name)
     except (HydraException, OmegaConfBaseException, FileNotFoundError) as err:
-        message = str(err).strip()
-        cause = str(err.__cause__ or "").strip().split("\n")[0]  # OmegaConf's first line names the key
-        if cause and cause not in message:
-            message = f"{message} ({cause})" if message else cause
-        return _fail(message.replace("\n", "\n  "))
-
-    engine = select(cfg, "dapo.engine", "verl")
+        return fail(PROG, compose_error(err))
+    if print_config:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    engine = select(cfg, "dapo.engine", required=True)
+    if engine not in ENGINES:
+        return fail(PROG, f"dapo.engine={engine!r} is unknown; use one of {', '.join(ENGINES)}")
+    module, function = ENGINES[engine].split(":")
     try:
-        return _run_engine(cfg, engine)
-    except Exception as err:  # bad input (ConfigError, exit 2) or a run stopped (RunStopped, exit 1), raised here or
-        from recipe.common.rundir import carried_error  # in a Ray worker of the verl engine (wrapped in Ray's error)
-
-        carried = carried_error(err)
-        if carried is None:
-            raise
-        kind, message = carried
-        print(f"dapo-train: {kind}: {message}", file=sys.stderr)
-        return 1 if kind == "stopped" else 2
-    except KeyboardInterrupt:
-        run_dir = select(cfg, "trainer.default_local_dir", "the run directory")
-        print(
-            f"dapo-train: interrupted; the checkpoints in {run_dir} are kept: run the same command to resume from "
-            "the latest",
-            file=sys.stderr,
+        train = getattr(importlib.import_module(module), function)
+    except ImportError as err:
+        return fail(
+            PROG,
+            f"dapo.engine={engine} needs {module}, which cannot be imported ({err}); install the project with its "
+            f"dependencies for that engine (the verl engine: verl and vLLM), or set dapo.engine to another one "
+            f"({', '.join(name for name in ENGINES if name != engine)})",
+            EXIT_CONFIG,
         )
-        return 130
+    run_dir = select(cfg, "trainer.default_local_dir")
+    if engine == "verl":  # dapo.watchdog.max_restarts > 0: this process reruns the command after a watchdog stop
+        from omegaconf import OmegaConf as _OmegaConf
+
+        from recipe.common.watchdog import WatchdogSettings
+        from recipe.dapo.watchdog import supervise
+
+        code = supervise(WatchdogSettings.from_config(_OmegaConf.to_container(cfg, resolve=True)), run_dir, prog=PROG)
+        if code is not None:
+            return code
+    return finish(PROG, lambda: train(cfg), run_dir)
 
 
-def _run_engine(cfg, engine: str) -> int:
-    if engine == "embedded":
-        from recipe.embedded.trainer import run
-
-        run(cfg)
-        return 0
-    if engine == "verl":
-        try:
-            from recipe.dapo.main_dapo import run_dapo
-        except ImportError as err:
-            return _fail(
-                f"dapo.engine=verl needs recipe.dapo.main_dapo.run_dapo, which cannot be imported ({err}); "
-                "install the project with its verl recipe, or use dapo.engine=embedded"
-            )
-        run_dapo(cfg)
-        return 0
-    return _fail(f"dapo.engine={engine!r} is unknown; use embedded or verl")
+def _take_cfg_flag(args: list[str]) -> bool:
+    """Hydra's ``--cfg job`` (and ``--cfg all``, ``-c job``), or ``--print-config``: removed from ``args``."""
+    for i, arg in enumerate(args):
+        if arg == "--print-config":
+            del args[i]
+            return True
+        if arg in ("--cfg", "-c") and i + 1 < len(args) and args[i + 1] in ("job", "all"):
+            del args[i : i + 2]
+            return True
+    return False
 
 
 if __name__ == "__main__":

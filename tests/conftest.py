@@ -126,8 +126,8 @@ def tiny_start_weights(tiny_run):
     whatever other warm-ups the session's cache holds."""
     from safetensors.torch import load_file
 
-    from recipe.cli import compose
     from recipe.common.warmup import warm_model
+    from recipe.config import compose
     from recipe.embedded.config import read_config
 
     c = read_config(compose(tiny_run()))

@@ -33,6 +33,11 @@ class RunStopped(RuntimeError):
     checkpoint written before it is intact."""
 
 
+class WatchdogStopped(RunStopped):
+    """A run ended by its watchdog (``recipe.common.watchdog``): a worker died or nothing made progress within the
+    bound. Exit code 75: running the same command resumes from the latest checkpoint."""
+
+
 STOP_FILE = ".stopped"  # why a worker stopped the run, for the process that can end it (verl's sampler)
 
 
@@ -61,22 +66,25 @@ def clear_stop(run_dir) -> None:
 
 
 def carried_error(err: BaseException) -> tuple[str, str] | None:
-    """``("stopped", message)`` for a :class:`RunStopped`, ``("error", message)`` for a
-    :class:`~dapo.settings.ConfigError`, found in ``err``, its cause chain, or the text of an error that carried it
-    across processes (Ray's ``RayTaskError`` holds the remote error as text); ``None`` for anything else."""
+    """``("watchdog", message)`` for a :class:`WatchdogStopped`, ``("stopped", message)`` for another
+    :class:`RunStopped`, ``("error", message)`` for a :class:`~dapo.settings.ConfigError`, found in ``err``, its cause
+    chain, or the text of an error that carried it across processes (Ray's ``RayTaskError`` holds the remote error as
+    text); ``None`` for anything else."""
     seen = err
     while seen is not None:
         original = getattr(seen, "cause", None)  # Ray's RayTaskError(X) is also an X; its .cause is the X raised
         if isinstance(original, BaseException) and original is not seen:
             seen = original
             continue
+        if isinstance(seen, WatchdogStopped):
+            return "watchdog", str(seen)
         if isinstance(seen, RunStopped):
             return "stopped", str(seen)
         if isinstance(seen, ConfigError):
             return "error", str(seen)
         seen = seen.__cause__ or seen.__context__
     for line in reversed(str(err).splitlines()):
-        for name, kind in (("RunStopped: ", "stopped"), ("ConfigError: ", "error")):
+        for name, kind in (("WatchdogStopped: ", "watchdog"), ("RunStopped: ", "stopped"), ("ConfigError: ", "error")):
             if name in line:
                 return kind, line.split(name, 1)[1].strip()
     return None

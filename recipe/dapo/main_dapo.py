@@ -7,10 +7,13 @@ The run, top to bottom:
    DAPO's (errors name the key to set), then verl's own ``validate_config`` checks the rest; :func:`check_inputs`
    checks the local data files, the custom reward function and the run directory's latest checkpoint (it must be
    one of this run: ``run.json``) before Ray starts;
-2. training: verl's ``run_ppo`` with verl's V1 ``TaskRunnerV1``, unchanged. It starts Ray (or joins the cluster
-   of a ``ray job submit``), the TransferQueue and ``get_trainer_cls(trainer.v1.trainer_mode)``, which is
-   :class:`recipe.dapo.trainer.DAPOTrainer` (``trainer_mode=dapo``), and calls its ``fit()``, which is verl's;
-3. cleanup: verl's (tracking finished, TransferQueue closed).
+2. training: verl's ``run_ppo`` with verl's V1 ``TaskRunnerV1`` under the watchdog (``recipe/dapo/watchdog.py``,
+   through ``run_ppo``'s ``task_runner_class``). It starts Ray (or joins the cluster of a ``ray job submit``), the
+   TransferQueue and ``get_trainer_cls(trainer.v1.trainer_mode)``, which is :class:`recipe.dapo.trainer.DAPOTrainer`
+   (``trainer_mode=dapo``), and calls its ``fit()``, which is verl's;
+3. cleanup: verl's (tracking finished, TransferQueue closed). How the run ended becomes one line and an exit code
+   (``recipe.config.finish``: 0, 1 stopped, 2 refused, 75 watchdog, 130 interrupted); with
+   ``dapo.watchdog.max_restarts`` the command reruns itself after a watchdog stop.
 
 DAPO enters through verl's registries, loaded in every Ray worker by ``recipe.dapo.plugin``: the ``dapo`` policy
 loss (Clip-Higher, token-level loss), the ``dapo_paper`` reward manager (the paper's scorer, soft overlong
@@ -34,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import recipe.dapo.plugin  # noqa: F401  registers DAPO in this (driver) process; workers load it through verl
 from dapo.settings import ConfigError, DapoSettings, select
-from recipe.configs_dir import config_dir
+from recipe.config import compose, compose_error, config_dir, finish, quiet_verl_import
 
 PLUGIN_MODULE = "recipe.dapo.plugin"
 
@@ -196,12 +199,14 @@ def check_model_path(key: str, path) -> None:
 
 def run_dapo(config: DictConfig) -> None:
     """Train with a composed config (the entry point of ``dapo-train dapo.engine=verl`` too)."""
-    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.main_ppo import run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
     from recipe.common.tracking import fall_back_to_offline
+    from recipe.common.watchdog import WatchdogSettings
+    from recipe.dapo import watchdog
     from recipe.dapo.resume import prepare_metrics
 
     # ---- setup: the DAPO settings first, as the embedded engine reads them first (the same message for a bad value)
@@ -227,30 +232,26 @@ def run_dapo(config: DictConfig) -> None:
     # W&B: verl's Tracking calls wandb.init online in a Ray worker, which waits up to 90 s and then fails the run
     # when the server does not answer; decided here instead, with a bounded probe (offline if it fails)
     fall_back_to_offline(select(config, "trainer.logger", []), run_dir or ".")
-    # ---- training and cleanup: verl's V1 task runner; the trainer class comes from trainer.v1.trainer_mode ----
-    run_ppo(config, task_runner_class=TaskRunnerV1)
+    # ---- training and cleanup: verl's V1 task runner under the watchdog; the trainer class comes from
+    # trainer.v1.trainer_mode. The driver watches the trainer's heartbeat from a thread of its own.
+    watchdog.watch_from_driver(WatchdogSettings.from_config(OmegaConf.to_container(config, resolve=True)))
+    run_ppo(config, task_runner_class=watchdog.task_runner_class())
+
+
+PROG = "main_dapo"
 
 
 @hydra.main(config_path=str(config_dir()), config_name="dapo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    try:
-        run_dapo(config)
-    except KeyboardInterrupt:
-        print(
-            f"main_dapo: interrupted; the checkpoints in {config.trainer.default_local_dir} are kept: run the "
-            "same command to resume from the latest",
-            file=sys.stderr,
-        )
-        sys.exit(130)
-    except Exception as err:  # bad input (ConfigError, exit 2) or a run stopped (RunStopped, exit 1): one line, no
-        from recipe.common.rundir import carried_error  # traceback, also when raised in a Ray worker and wrapped
+    from recipe.common.watchdog import WatchdogSettings
+    from recipe.dapo.watchdog import supervise
 
-        carried = carried_error(err)
-        if carried is None:
-            raise
-        kind, message = carried
-        print(f"main_dapo: {kind}: {message}", file=sys.stderr)
-        sys.exit(1 if kind == "stopped" else 2)
+    run_dir = select(config, "trainer.default_local_dir")
+    settings = WatchdogSettings.from_config(OmegaConf.to_container(config, resolve=True))
+    code = supervise(settings, run_dir, prog=PROG)  # dapo.watchdog.max_restarts > 0: this process reruns children
+    if code is None:
+        code = finish(PROG, lambda: run_dapo(config), run_dir)
+    sys.exit(code)
 
 
 def _precompose(argv: list[str]) -> None:
@@ -259,9 +260,7 @@ def _precompose(argv: list[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from recipe.cli import _quiet_verl_import, compose
-
-    _quiet_verl_import()
+    quiet_verl_import()
     config_name, overrides = "dapo_trainer", []
     for arg in argv:
         if arg.startswith(("--config-name=", "-cn=")):
@@ -273,9 +272,7 @@ def _precompose(argv: list[str]) -> None:
     try:
         compose(overrides, config_name)
     except (HydraException, OmegaConfBaseException, FileNotFoundError) as err:
-        cause = str(err.__cause__ or "").strip().split("\n")[0]
-        message = str(err).strip().replace("\n", " ")
-        print(f"main_dapo: error: {message}{f' ({cause})' if cause and cause not in message else ''}", file=sys.stderr)
+        print(f"{PROG}: error: {compose_error(err)}", file=sys.stderr)
         sys.exit(2)
 
 

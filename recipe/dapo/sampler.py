@@ -170,7 +170,23 @@ def group_metric_matrix(
     return matrix.reshape(len(uids), -1), positions  # [B, G]
 
 
-class DAPOReplayBuffer(ReplayBuffer):
+class _Watched:
+    """Every wait of verl's replay buffers polls through ``_wait_for_next_poll``: there each poll tells the watchdog
+    whether a group finished (progress) and stops the step once the watchdog has found a dead worker or a stall
+    (``recipe/dapo/watchdog.py``)."""
+
+    def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
+        from recipe.dapo import watchdog
+
+        watchdog.raise_if_stopped()
+        done = len(self.finished_keys[partition_id]) + len(self.failure_keys[partition_id])
+        if done != getattr(self, "_polled_done", None):
+            self._polled_done = done
+            watchdog.beat("validation" if partition_id == "val" else "generation")
+        return super()._wait_for_next_poll(partition_id, last_debug_time)
+
+
+class DAPOReplayBuffer(_Watched, ReplayBuffer):
     """verl's sync ``ReplayBuffer`` whose training partition is filled by DAPO's generation rounds."""
 
     def __init__(self, *, sampler_kwargs, **kwargs):
@@ -330,7 +346,7 @@ class _StepRecord:
         return out
 
 
-class DAPOAsyncReplayBuffer(ReplayBufferAsync):
+class DAPOAsyncReplayBuffer(_Watched, ReplayBufferAsync):
     """verl's asynchronous replay buffer (``ReplayBufferAsync``) filtering groups on the contract's metric
     (``algorithm.filter_groups.metric``: accuracy; the shaped reward is refused), for the asynchronous DAPO trainers.
 

@@ -50,6 +50,7 @@ from verl.workers.utils.padding import response_to_nested
 from dapo.loss import overlong_filter_mask, truncated_responses
 from dapo.metrics import repeat_ngram_frac
 from dapo.settings import OverlongSettings, eos_token_ids, select
+from recipe.dapo import watchdog
 from recipe.dapo.sampler_state import load_sampler_state, save_sampler_state
 from recipe.dapo.weight_sync import weight_sync_metrics
 
@@ -147,9 +148,11 @@ class DAPOStages:
         return self.config.trainer.v1.get(self.VERL_MODE, {})
 
     def fit(self, agent_loop_manager):
-        """verl's ``fit``, unchanged, except that a run ending on an error (a failing reward function, a starved
-        sampler) still closes its loggers before the error leaves this Ray worker: W&B's service would otherwise be
-        torn down with a traceback when Ray ends the worker, after the driver's one-line message."""
+        """verl's ``fit``, unchanged, except that the watchdog probes the workers from here on
+        (``recipe/dapo/watchdog.py``) and that a run ending on an error (a failing reward function, a starved
+        sampler, a dead worker) still closes its loggers before the error leaves this Ray worker: W&B's service would
+        otherwise be torn down with a traceback when Ray ends the worker, after the driver's one-line message."""
+        watchdog.add_worker_probes(self, agent_loop_manager)
         try:
             return super().fit(agent_loop_manager)
         except BaseException:
@@ -162,6 +165,19 @@ class DAPOStages:
             except Exception:  # noqa: BLE001 - closing is best effort; the error that ended the run is raised
                 pass
             raise
+
+    # ---- progress, for the watchdog: a step's stages and its validation (the sampler beats for each finished group)
+    def on_step_begin(self):
+        dog = watchdog.current()
+        if dog is not None:
+            if dog.step:
+                dog.end_step(dog.step)  # the previous step, its checkpoint and validation included
+            dog.begin_step(self.global_steps)
+        super().on_step_begin()
+
+    def on_validate_end(self):
+        watchdog.beat("after validation")
+        super().on_validate_end()
 
     def _init_tokenizer(self):
         # verl 0.9.1's PPOTrainerBase._init_tokenizer (verl/trainer/ppo/v1/trainer_base.py), keeping the model config
@@ -181,7 +197,10 @@ class DAPOStages:
                 enable=self.overlong.filter,
             )
         )
-        return super()._update_actor(batch, metrics)
+        watchdog.beat("actor update")
+        batch = super()._update_actor(batch, metrics)
+        watchdog.beat("after the actor update")
+        return batch
 
     def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
@@ -195,6 +214,7 @@ class DAPOStages:
             metrics["response_length/clip_ratio"] = metrics["dapo/overlong_frac"]
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        watchdog.beat("old log-probs")
         batch = super()._compute_old_log_prob(batch, metrics)
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:  # recipe/dapo/weight_sync.py
             # asynchronous modes train responses sampled by earlier weights too: only those sampled entirely by the
@@ -209,7 +229,9 @@ class DAPOStages:
         to, checked by ``main_dapo.check_inputs`` before a later start resumes it."""
         step_dir = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
         save_sampler_state(self.replay_buffer, str(step_dir))
+        watchdog.beat("checkpoint")
         super()._save_checkpoint()
+        watchdog.beat("after the checkpoint")
         from recipe.common.identity import write_identity
 
         if step_dir.is_dir():

@@ -44,6 +44,7 @@ from dapo.settings import (
     divisor_near,
     select,
 )
+from recipe.common.watchdog import WatchdogSettings
 
 __all__ = [
     "ActorConfig",
@@ -456,6 +457,7 @@ class EngineConfig:
     reward: RewardConfig
     trainer: TrainerConfig
     embedded: EmbeddedConfig
+    watchdog: WatchdogSettings  # dapo.watchdog.*: shared with the verl engine (recipe.common.watchdog)
 
 
 SECTIONS = (
@@ -488,6 +490,7 @@ def read_config(cfg: DictConfig | Mapping) -> EngineConfig:
         reward=RewardConfig.from_config(config),
         trainer=TrainerConfig.from_config(config, run),
         embedded=embedded,
+        watchdog=WatchdogSettings.from_config(config),
     )
 
 

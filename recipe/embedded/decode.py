@@ -45,6 +45,7 @@ import torch
 from dapo.metrics import entropy_from_logits
 from recipe.common.log_probs import left_pad
 from recipe.embedded.attention import NAME as ATTENTION
+from recipe.embedded.attention import PackedRows
 from recipe.embedded.fused_decoder import FusedDecoder
 from recipe.embedded.head import token_log_probs
 from recipe.embedded.rollout import SamplingParams, batched_log_probs, response_mask_from_eos, right_pad
@@ -302,17 +303,18 @@ def shared_prompt_log_probs(
     unique, counts = _group_runs(prompts)
     response_ids, response_mask = response_ids.to(device), response_mask.to(device)
     lengths = response_mask.sum(-1)  # [N]
-    if layout == "auto":  # packed: short rows, and an attention that takes an additive 4-D mask
+    structured = getattr(model.config, "_attn_implementation", None) == ATTENTION
+    if layout == "auto":  # packed: the CPU attention, or short rows and an attention that takes a 4-D mask
         fed = (lengths - 1).clamp(min=0)  # [N] tokens a response feeds to the packed row
         group = torch.repeat_interleave(torch.arange(len(unique), device=device), counts.to(device))  # [N]
         packed = torch.tensor([len(p) for p in unique], device=device).index_add_(0, group, fed)  # [U] row lengths
         longest = int(packed.max())
-        maskable = getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager", ATTENTION)
-        layout = "packed" if maskable and longest <= PACKED_MAX_LEN else "cache"
+        maskable = getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager")
+        layout = "packed" if structured or (maskable and longest <= PACKED_MAX_LEN) else "cache"
     chunked = chunked_head and type(model).__name__ in CHUNKED_HEAD_ARCHITECTURES
     forward = _Forward(model, hidden=chunked)
     if layout == "packed":
-        out, rows, cols = _packed(forward, unique, counts, response_ids, lengths, pad_id, device)  # [U, S, X], [M]
+        out, rows, cols = _packed(forward, unique, counts, response_ids, lengths, pad_id, device, structured)
     elif layout == "cache":
         out, rows, cols = _cached(forward, unique, counts, response_ids, response_mask, pad_id, device)
     else:
@@ -355,10 +357,11 @@ class _Forward:
         return out.logits, getattr(out, "past_key_values", None)
 
 
-def _packed(forward, unique, counts, response_ids, lengths, pad_id, device):
+def _packed(forward, unique, counts, response_ids, lengths, pad_id, device, structured=False):
     """One block-causal forward per distinct prompt over ``[prompt | response 1 | ...]``, each response at its own
     length; return its output ``[U, S, X]`` and, for every response token in row order, the packed row and column
-    ``[M]`` whose output predicts it."""
+    ``[M]`` whose output predicts it. ``structured``: the model's attention is ``recipe.embedded.attention``'s, which
+    takes the rows' layout (:class:`~recipe.embedded.attention.PackedRows`) instead of an ``[S, S]`` mask."""
     n = response_ids.shape[0]
     u = len(unique)
     counts = counts.to(device)  # [U]
@@ -385,6 +388,13 @@ def _packed(forward, unique, counts, response_ids, lengths, pad_id, device):
     ids[fed_rows, fed_cols] = response_ids[feeds]
     positions[fed_rows, fed_cols] = (plen[row].unsqueeze(1) + t)[feeds]
     block[fed_rows, fed_cols] = k.unsqueeze(1).expand_as(feeds)[feeds]
+    # token t of a response is predicted by the prompt's last position (t = 0) or its own token t - 1
+    valid = t.unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
+    cols = torch.where(t == 0, plen[row].unsqueeze(1) - 1, start.unsqueeze(1) + t - 1)  # [N, T]
+    if structured:
+        layout = PackedRows.build(plen, row, start, fed)
+        out, _ = forward(input_ids=ids, position_ids=positions, use_cache=False, packed_rows=layout)
+        return out, row.unsqueeze(1).expand_as(valid)[valid], cols[valid]
     # query i sees key j <= i of the prompt or of its own block; a pad position sees only itself
     index = torch.arange(width, device=device)
     causal = index.unsqueeze(0) <= index.unsqueeze(1)  # [S, S]
@@ -396,9 +406,6 @@ def _packed(forward, unique, counts, response_ids, lengths, pad_id, device):
         dtype = torch.get_autocast_dtype(device.type)
     additive = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     out, _ = forward(input_ids=ids, attention_mask=additive.unsqueeze(1), position_ids=positions, use_cache=False)
-    # token t of a response is predicted by the prompt's last position (t = 0) or its own token t - 1
-    valid = t.unsqueeze(0) < lengths.unsqueeze(1)  # [N, T]
-    cols = torch.where(t == 0, plen[row].unsqueeze(1) - 1, start.unsqueeze(1) + t - 1)  # [N, T]
     return out, row.unsqueeze(1).expand_as(valid)[valid], cols[valid]
 
 

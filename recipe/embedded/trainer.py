@@ -66,6 +66,8 @@ from recipe.common import checks
 from recipe.common.identity import run_identity
 from recipe.common.rundir import lock_run_dir, unlock_run_dir
 from recipe.common.warmup import task_files
+from recipe.common.watchdog import Watchdog, resume_advice
+from recipe.config import EXIT_WATCHDOG
 from recipe.embedded import checkpoint
 from recipe.embedded.config import ConfigError, EngineConfig, ignored_verl_keys, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
@@ -84,7 +86,7 @@ def run(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> Path:
 
     Example, the default run for two steps (what ``dapo-train trainer.total_training_steps=2`` does)::
 
-        from recipe.cli import compose
+        from recipe.config import compose
         from recipe.embedded.trainer import Callback, run
 
         class Print(Callback):
@@ -149,6 +151,7 @@ class EmbeddedTrainer:
         self.run_dir = Path(self.c.trainer.run_dir).resolve()
         self.monitor: Monitor | None = None
         self._locked = False
+        self.watchdog: Watchdog | None = None
 
     # ================================================================================================ setup
     def setup(self) -> bool:
@@ -222,12 +225,16 @@ class EmbeddedTrainer:
     def train(self) -> None:
         """Validate the start model, then the steps: each one, its validation and its checkpoint."""
         c, monitor = self.c, self.monitor
+        self.watchdog = Watchdog(
+            c.watchdog, on_stop=_watchdog_stop, advice=resume_advice(self.run_dir)
+        ).start()  # a stalled run ends within dapo.watchdog's bound (recipe/common/watchdog.py)
         if self.start_step == 0 and (c.trainer.val_before_train or c.trainer.val_only):
             val_metrics = self.validate(step=0)
             monitor.log(0, val_metrics)
             monitor.write(val_summary(0, val_metrics))
         last_step = 0 if c.trainer.val_only else self.total_steps
         for step in range(self.start_step + 1, last_step + 1):
+            self.watchdog.begin_step(step)
             for callback in self.callbacks:
                 callback.on_step_begin(step)
             try:
@@ -246,13 +253,21 @@ class EmbeddedTrainer:
             monitor.progress(step, metrics)
             if c.trainer.save_freq > 0 and (step % c.trainer.save_freq == 0 or last):
                 self.save(step)
+            self.watchdog.end_step(step)
         monitor.close()
         self.guard.end_run(0 if c.trainer.val_only else self.total_steps - self.start_step)
         write_plots(self.run_dir)
         print(f"run directory: {self.run_dir}")
 
     def validate(self, step: int) -> dict[str, float]:
-        return validate(self.c, self.policy, self.val_data, self.score_fn, step=step)
+        self._beat("validation")
+        out = validate(self.c, self.policy, self.val_data, self.score_fn, step=step)
+        self._beat("after validation")
+        return out
+
+    def _beat(self, phase: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat(phase)
 
     def save(self, step: int) -> None:
         state = checkpoint.training_state(
@@ -270,7 +285,9 @@ class EmbeddedTrainer:
 
     # ================================================================================================ cleanup
     def cleanup(self) -> None:
-        """Release the run directory (also after an error)."""
+        """Stop the watchdog, release the run directory (also after an error)."""
+        if self.watchdog is not None:
+            self.watchdog.close()
         if self._locked:
             unlock_run_dir(self.run_dir)
             self._locked = False
@@ -335,6 +352,7 @@ class EmbeddedTrainer:
             indices = self._draw(self.filler.next_round_size())
             round_ = self.rollout(indices)
             acc_sum, acc_count = acc_sum + round_.acc.float().sum().item(), acc_count + round_.acc.numel()
+            self._beat("generation")
             try:  # the filler keeps the groups with mixed accuracy; their payloads (log-probs) are built for those only
                 self.filler.add_round(
                     lambda kept, r=round_: self.payloads(r, kept),
@@ -525,6 +543,7 @@ class EmbeddedTrainer:
                 loss_scale_factor=settings.loss_scale_factor,
             )
         loss.backward()
+        self._beat("actor update")
         response_mask = batch["response_mask"][rows, :width].to(device)
         return {**record, "actor/entropy": masked_mean(entropy.detach(), response_mask).item(), "_loss": loss.item()}
 
@@ -567,6 +586,17 @@ def _timer(metrics: dict, name: str, add: bool = False):
         yield
     finally:
         metrics[name] = (metrics.get(name, 0.0) if add else 0.0) + time.perf_counter() - start
+
+
+def _watchdog_stop(line: str) -> None:
+    """The watchdog found the run stalled: its line last, then exit 75 (the same command resumes from the newest
+    checkpoint, written atomically, so intact whatever the main thread was doing)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    print(f"dapo-train: stopped: {line}", file=sys.stderr, flush=True)
+    os._exit(EXIT_WATCHDOG)
 
 
 def _quiet_libraries() -> None:

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench import ablation
-from recipe.cli import compose
+from recipe.config import compose
 from recipe.embedded.config import read_config
 from tests.conftest import prompt_lengths
 

@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 
 from bench import bench_engines, bench_trl
 from bench.trl_peer import trl_grpo_kwargs
-from recipe.cli import compose
 from recipe.common.cpu import cpu_has_bf16
+from recipe.config import compose
 from recipe.embedded.config import read_config
 from recipe.embedded.policy import bf16_compute
 

@@ -15,7 +15,7 @@ pytest.importorskip("verl")
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 
 from bench import bench_sampling_verl as bench  # noqa: E402
-from recipe.cli import compose  # noqa: E402
+from recipe.config import compose  # noqa: E402
 from recipe.dapo.main_dapo import check_dapo_config  # noqa: E402
 from recipe.dapo.sampler import DynamicSamplingSettings  # noqa: E402
 

@@ -18,6 +18,7 @@ import pytest
 from recipe import cli
 from recipe.common.rundir import LOCK_FILE
 from recipe.common.task import AdditionTask
+from recipe.config import compose
 from recipe.embedded.checkpoint import TRACKER, damage
 from recipe.embedded.monitor import read_metrics
 from tests.conftest import interruptible, run_process
@@ -285,7 +286,7 @@ def test_the_verl_entry_point_refuses_the_same_value_before_ray(tmp_path, monkey
         raise AssertionError(f"{override} reached verl's run_ppo (Ray) instead of being refused")
 
     monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo", ray_started)
-    config = cli.compose(_verl_args(tmp_path, tmp_path / "run", "+experiment=cpu_tiny", override), "dapo_trainer")
+    config = compose(_verl_args(tmp_path, tmp_path / "run", "+experiment=cpu_tiny", override), "dapo_trainer")
     with pytest.raises(ConfigError) as refused:
         run_dapo(config)
     assert key in str(refused.value) and allowed in str(refused.value), str(refused.value)

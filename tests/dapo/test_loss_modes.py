@@ -82,7 +82,7 @@ def test_vanilla_equals_dapo_surrogate():
 
 def actor_config(mode: str, low: float, high: float, c: float, info: dict):
     """verl's actor config of the 32B experiment with these loss settings, instantiated by verl."""
-    from recipe.cli import compose
+    from recipe.config import compose
 
     cfg = compose(
         [

@@ -25,7 +25,7 @@ from dapo.settings import (
     eos_token_ids,
 )
 from recipe import cli
-from recipe.cli import compose
+from recipe.config import compose
 from recipe.embedded.config import read_config
 
 pytest.importorskip("verl")

@@ -39,10 +39,18 @@ def test_misspelt_key_fails_at_once_naming_it_without_traceback():
     assert "Traceback" not in result.stderr
 
 
-def test_unknown_engine_and_help(capsys):
-    assert "dapo.engine='tpu' is unknown; use embedded or verl" in _error(capsys, ["dapo.engine=tpu"])
+def test_unknown_engine_help_and_the_composed_config(capsys):
+    assert "dapo.engine='tpu' is unknown; use one of embedded, verl" in _error(capsys, ["dapo.engine=tpu"])
     assert cli.main(["--help"]) == 0
-    assert "dapo-train" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # the configs it can compose, the keys most runs set, the exit codes
+    assert "embedded, embedded_smollm2" in out and "trainer.default_local_dir" in out and "75 stopped by" in out
+    # --cfg job (Hydra's flag) prints the composed config with the overrides, and trains nothing
+    assert cli.main(["--cfg", "job", "trainer.total_training_steps=7", "--config-name", "embedded_smollm2"]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "total_training_steps: 7" in printed and "max_response_length: 104" in printed and "engine: embedded" in printed
+    )
 
 
 def test_batch_not_divisible_by_mini_batch(tiny_run, capsys):
@@ -135,4 +143,5 @@ def test_verl_engine_is_dispatched_lazily(monkeypatch, capsys):
 def test_verl_engine_missing_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "recipe.dapo.main_dapo", None)  # import fails as if the file were absent
     err = _error(capsys, ["dapo.engine=verl"])
-    assert "dapo.engine=verl needs recipe.dapo.main_dapo.run_dapo" in err and "dapo.engine=embedded" in err
+    assert "dapo.engine=verl needs recipe.dapo.main_dapo, which cannot be imported" in err
+    assert "or set dapo.engine to another one" in err

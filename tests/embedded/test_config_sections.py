@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dapo.settings import ConfigError, select
-from recipe.cli import compose
+from recipe.config import compose
 from recipe.embedded.config import SECTIONS, EngineConfig, read_config
 
 CONFIG_NAMES = ("embedded", "ablation", "ablation_long", "ablation_chain", "embedded_smollm2")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from recipe.cli import compose
+from recipe.config import compose
 from recipe.embedded import trainer
 from recipe.embedded.config import IGNORED_VERL_KEYS, ignored_verl_keys
 

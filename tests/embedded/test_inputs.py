@@ -14,6 +14,7 @@ import torch
 from recipe import cli
 from recipe.common.rundir import LOCK_FILE
 from recipe.common.task import AdditionTask
+from recipe.config import compose
 from recipe.embedded.checkpoint import STATE_FILE, TRACKER
 from recipe.embedded.config import ConfigError
 from recipe.embedded.guard import UpdateGuard
@@ -289,7 +290,7 @@ def test_verl_engine_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     parquet = tmp_path / "train.parquet"
     pd.DataFrame(_rows()).to_parquet(parquet, index=False)
     # a checkpoint as verl 0.9.1 lays it out, with the run.json DAPOTrainer._save_checkpoint adds (lr 1e-6)
-    earlier = cli.compose(_verl(tmp_path, parquet, ["actor_rollout_ref.actor.optim.lr=1e-6"])[2:], "dapo_trainer")
+    earlier = compose(_verl(tmp_path, parquet, ["actor_rollout_ref.actor.optim.lr=1e-6"])[2:], "dapo_trainer")
     step = tmp_path / "verl-run" / "global_step_5"
     (step / "actor").mkdir(parents=True)
     torch.save({}, step / "data.pt")  # intact, as far as recipe.dapo.resume.checkpoint_damage can tell

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from dapo import loss as dapo_loss
 from recipe import cli
+from recipe.config import compose
 from recipe.embedded.monitor import read_metrics
 from tests.conftest import EPS64
 
@@ -61,7 +62,7 @@ def _weight_bound(record: dict, tiny_run) -> float:
     """
     from recipe.embedded.config import read_config
 
-    c = read_config(cli.compose(tiny_run()))
+    c = read_config(compose(tiny_run()))
     tokens = RESPONSES_PER_MINI_BATCH * (
         c.data.max_prompt_length + c.data.max_response_length
     )  # prompt + response rows

@@ -7,9 +7,9 @@ import re
 import pytest
 
 from dapo.reward import compute_score
-from recipe.cli import compose
 from recipe.common.task import ChainTask, build_tokenizer, chain_solution, solution_text
 from recipe.common.warmup import task_files
+from recipe.config import compose
 from recipe.embedded.config import ConfigError, read_config
 from tests.conftest import prompt_lengths
 

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from bench import ablation
 from dapo.settings import DapoSettings
-from recipe.cli import compose
+from recipe.config import compose
 from recipe.embedded.config import read_config
 
 pytest.importorskip("verl")

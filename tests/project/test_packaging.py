@@ -89,7 +89,7 @@ def test_wheel_installed_in_a_fresh_venv_runs_from_any_directory(tmp_path, embed
         [
             str(python),
             "-c",
-            "import recipe.cli, recipe.configs_dir as c; print(recipe.cli.__file__); print(c.config_dir())",
+            "import recipe.cli, recipe.config as c; print(recipe.cli.__file__); print(c.config_dir())",
         ],
         cwd=elsewhere,
         env=env,

@@ -24,8 +24,8 @@ import torch
 from omegaconf import OmegaConf
 
 from dapo.settings import select
-from recipe.cli import compose
 from recipe.common.warmup import task_files, warm_model
+from recipe.config import compose
 
 ASSETS = "verl-cpu"
 

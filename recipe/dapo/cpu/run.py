@@ -59,7 +59,7 @@ def cpu_env(base: dict | None = None) -> dict[str, str]:
 
 
 def _composed(overrides: list[str]):
-    from recipe.cli import compose
+    from recipe.config import compose
 
     return compose([f"+experiment={EXPERIMENT}", *overrides], "dapo_trainer")
 
