@@ -8,6 +8,7 @@ reference (``docs/reference/metrics.md``) is generated from it, and nothing else
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -176,3 +177,25 @@ def mean_metrics(records: Iterable[Mapping[str, float]]) -> dict[str, float]:
             sums[key] = sums.get(key, 0.0) + float(value)
             counts[key] = counts.get(key, 0) + 1
     return {key: sums[key] / counts[key] for key in sums}
+
+
+# A policy update that moved the policy this far is a collapse, not learning (healthy: ppo_kl below 0.01, a few
+# percent of tokens clipped, a gradient norm of order 1 before clipping)
+COLLAPSE_SIGNS = {"actor/ppo_kl": 1.0, "actor/pg_clipfrac": 0.5, "actor/grad_norm": 1e3}
+
+
+def collapse_signs(metrics: Mapping[str, float]) -> list[str]:
+    """The step's update metrics that say the policy collapsed (``COLLAPSE_SIGNS`` exceeded, or not finite), as
+    ``"name value"``; empty when the update looks sane. Both engines read it to name the learning rate when the next
+    step's dynamic sampling finds no group with signal."""
+    signs = []
+    for name, limit in COLLAPSE_SIGNS.items():
+        value = metrics.get(name)
+        if value is None and name == "actor/grad_norm" and name in metrics:
+            value = float("nan")  # written as null: every update of the step was skipped
+        if value is None:
+            continue
+        value = float(value)
+        if not math.isfinite(value) or abs(value) > limit:
+            signs.append(f"{name} {value:.3g}")
+    return signs

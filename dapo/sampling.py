@@ -125,7 +125,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -567,3 +567,18 @@ class BatchFiller:
 
 def _round_tuple(r: RoundStats) -> tuple[int, int, int, int, int]:
     return (r.generated, r.filtered_all_correct, r.filtered_all_wrong, r.kept, r.surplus)
+
+
+def starved_message(step: int, err: ValueError, last_step: Mapping[str, float], lr: float) -> str:
+    """The stop line when dynamic sampling finds too few groups with signal (:meth:`BatchFiller.add_round`'s
+    ``ValueError``), led by the learning rate when the previous step's update collapsed the policy
+    (:func:`dapo.metrics.collapse_signs` on its metrics ``last_step``), which leaves every group all wrong."""
+    from dapo.metrics import collapse_signs
+
+    signs = collapse_signs(last_step)
+    if not signs:
+        return f"step {step}: {err}"
+    return (
+        f"step {step}: the policy collapsed in the step-{step - 1} update ({', '.join(signs)}; healthy: ppo_kl below "
+        f"0.01, a few percent clipped): lower actor_rollout_ref.actor.optim.lr (now {lr:g}). What it left: {err}"
+    )

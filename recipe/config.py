@@ -103,8 +103,14 @@ def compose_error(err: BaseException) -> str:
     return message.replace("\n", " ")
 
 
+def say_last(line: str) -> None:
+    """``line`` on stderr after everything else this process printed (stdout's buffer flushed first)."""
+    sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+
+
 def fail(prog: str, message: str, code: int = EXIT_CONFIG) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    say_last(f"{prog}: error: {message}")
     return code
 
 
@@ -121,10 +127,8 @@ def finish(prog: str, run: Callable[[], object], run_dir: str | None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         where = run_dir or "the run directory"
-        print(
-            f"{prog}: interrupted; the checkpoints in {where} are kept: run the same command to resume from the latest",
-            file=sys.stderr,
-            flush=True,
+        say_last(
+            f"{prog}: interrupted; the checkpoints in {where} are kept: run the same command to resume from the latest"
         )
         return EXIT_INTERRUPTED
     except Exception as err:
@@ -136,7 +140,7 @@ def finish(prog: str, run: Callable[[], object], run_dir: str | None) -> int:
             carried = ("watchdog", stopped)  # verl's trainer process was ended by its watchdog after recording why
         kind, message = carried
         label = "error" if kind == "error" else "stopped"
-        print(f"{prog}: {label}: {message}", file=sys.stderr, flush=True)
+        say_last(f"{prog}: {label}: {message}")
         return {"error": EXIT_CONFIG, "stopped": EXIT_STOPPED, "watchdog": EXIT_WATCHDOG}[kind]
 
 

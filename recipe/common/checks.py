@@ -289,3 +289,27 @@ def load_reward_function(
         if failure is not None:
             raise ConfigError(failure)
     return CheckedReward(fn, label, timeout_s)
+
+
+def check_model_path(key: str, path) -> None:
+    """A local model path must exist; ``org/name`` is a hub id, left to the loader (remote paths too)."""
+    if not path or "://" in str(path):
+        return
+    text = str(path)
+    hub_id = text.count("/") == 1 and not text.startswith(("/", "~", ".")) and not os.path.exists(text)
+    if hub_id or os.path.exists(os.path.expanduser(text)):
+        return
+    raise ConfigError(
+        f"{key}={text!r}: no such directory; point it at a model saved with save_pretrained (or a "
+        "hub id org/name where the hub is reachable)"
+    )
+
+
+def tokenizer_size(path: str) -> int:
+    """Tokens of the tokenizer saved in ``path`` (its vocabulary and added tokens)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        return len(AutoTokenizer.from_pretrained(path))
+    except (OSError, ValueError):  # a tokenizer saved from plain `tokenizers` (the tiny task's)
+        return len(PreTrainedTokenizerFast.from_pretrained(path))

@@ -90,43 +90,70 @@ def carried_error(err: BaseException) -> tuple[str, str] | None:
     return None
 
 
-_held: dict[Path, int] = {}  # run directory -> the lock file's descriptor, for the life of this process
+_held: dict[Path, tuple[int, bool]] = {}  # run directory -> (the lock file's descriptor, whether it made the directory)
 
 
 def lock_run_dir(run_dir: Path, key: str = "trainer.default_local_dir") -> None:
-    """Hold ``run_dir``'s lock until this process exits; raise :class:`ConfigError` naming the other process
-    when another one holds it. Taking it again in the same process is a no-op."""
+    """Hold ``run_dir``'s lock until :func:`unlock_run_dir` or this process's exit; raise :class:`ConfigError`
+    naming the other process when another one holds it. Taking it again in the same process is a no-op.
+
+    :func:`unlock_run_dir` deletes the lock file (and the directory, if this lock made it and it is left empty), so a
+    refused start leaves the directory as it found it. Safe because a lock is only trusted on the file that is still
+    at the path: a process that locked a file another one deleted meanwhile lets go and takes the new one."""
     run_dir = Path(run_dir).resolve()
     if run_dir in _held:
         return
+    made = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                print(f"warning: cannot lock {path} ({err}); nothing stops a second run from using {run_dir}")
+                return
+            holder = _describe(os.pread(fd, 4096, 0))
             os.close(fd)
-            print(f"warning: cannot lock {path} ({err}); nothing stops a second run from using {run_dir}")
-            return
-        holder = _describe(os.pread(fd, 4096, 0))
-        os.close(fd)
-        raise ConfigError(
-            f"{key}={str(run_dir)!r} is in use by another run ({holder}); two runs in one directory would "
-            f"interleave their metrics and overwrite each other's checkpoints. Wait for it to finish (or stop it), "
-            f"or set {key}=<another directory> / trainer.experiment_name=<another name>"
-        ) from None
+            _remove_if_made(run_dir, made)
+            raise ConfigError(
+                f"{key}={str(run_dir)!r} is in use by another run ({holder}); two runs in one directory would "
+                f"interleave their metrics and overwrite each other's checkpoints. Wait for it to finish (or stop "
+                f"it), or set {key}=<another directory> / trainer.experiment_name=<another name>"
+            ) from None
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break  # the file at the path: the lock is ours
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # locked a file its holder deleted on the way out: take the one at the path now
     record = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)[:500]}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode(), 0)
-    _held[run_dir] = fd
+    _held[run_dir] = (fd, made)
 
 
 def unlock_run_dir(run_dir: Path) -> None:
-    """Release the lock early (it is released at exit anyway)."""
-    fd = _held.pop(Path(run_dir).resolve(), None)
-    if fd is not None:
-        os.close(fd)
+    """Release the lock and delete its file; remove the directory too if this lock made it and it is empty (a run
+    refused before it wrote anything). A process that exits without calling it releases the lock all the same."""
+    run_dir = Path(run_dir).resolve()
+    held = _held.pop(run_dir, None)
+    if held is None:
+        return
+    fd, made = held
+    (run_dir / LOCK_FILE).unlink(missing_ok=True)  # before the release: a waiter then finds the path changed
+    os.close(fd)
+    _remove_if_made(run_dir, made)
+
+
+def _remove_if_made(run_dir: Path, made: bool) -> None:
+    if made:
+        try:
+            run_dir.rmdir()  # only if empty
+        except OSError:
+            pass
 
 
 def _describe(raw: bytes) -> str:

@@ -70,6 +70,15 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
     )
 
     settings = DapoSettings.from_config(OmegaConf.to_container(config, resolve=True))
+    train, gen = settings.sampling.train_batch_size, settings.sampling.gen_batch_size
+    if not settings.filter.enable and gen != train:  # verl's unfiltered sampler needs whole rounds of the batch
+        print(
+            f"main_dapo: dynamic sampling is off (algorithm.filter_groups.enable=false): a step generates its "
+            f"data.train_batch_size={train} prompts once, so data.gen_batch_size={gen} is set to {train} (as the "
+            "embedded engine does)",
+            flush=True,
+        )
+        config.data.gen_batch_size = train
     if not config.trainer.use_v1:
         raise ConfigError(
             "trainer.use_v1=false selects verl's deprecated V0 RayPPOTrainer, which this recipe does not hook; "
@@ -176,29 +185,74 @@ def check_inputs(config: DictConfig) -> Path | None:
     latest = choose_checkpoint(config)  # the newest intact checkpoint (a damaged one is named and skipped)
     if latest is not None and latest.is_dir():
         check_same_run(latest, run_identity(config))
+    check_rollout_fits(plain)
     for key in ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path"):
-        check_model_path(key, select(plain, key))
+        checks.check_model_path(key, select(plain, key))
     return latest
 
 
-def check_model_path(key: str, path) -> None:
-    """A local model path must exist; ``org/name`` is a hub id, left to the loader (remote paths too)."""
-    if not path or "://" in str(path):
-        return
-    text = str(path)
-    hub_id = text.count("/") == 1 and not text.startswith(("/", "~", ".")) and not os.path.exists(text)
-    if hub_id or os.path.exists(os.path.expanduser(text)):
-        return
-    from dapo.settings import ConfigError
+TOKENIZER_KEYS = ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.rollout.engine_kwargs.vllm.tokenizer")
 
-    raise ConfigError(
-        f"{key}={text!r}: no such directory; point it at a model saved with save_pretrained (or a "
-        "hub id org/name where the hub is reachable)"
-    )
+
+def check_rollout_fits(plain: dict) -> None:
+    """What verl would refuse only once Ray and vLLM are up, checked before (each error naming the keys): the rollout's
+    context (``rollout.max_model_len``) must hold a prompt and a response, and a tokenizer given apart from the model
+    (``model.tokenizer_path``, vLLM's ``tokenizer``) must be of that model: a vocabulary larger than the model's, or
+    under half of it, is another model's (the model's own is a little smaller where its embedding is padded)."""
+    prompt = int(select(plain, "data.max_prompt_length", required=True))
+    response = int(select(plain, "data.max_response_length", required=True))
+    max_model_len = select(plain, "actor_rollout_ref.rollout.max_model_len")
+    if max_model_len is not None and int(max_model_len) < prompt + response:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.max_model_len={max_model_len} cannot hold a prompt and a response "
+            f"(data.max_prompt_length={prompt} + data.max_response_length={response} = {prompt + response}); set "
+            f"actor_rollout_ref.rollout.max_model_len={prompt + response} (or null: the model's own context)"
+        )
+    model = select(plain, "actor_rollout_ref.model.path")
+    config_file = Path(os.path.expanduser(str(model))) / "config.json" if model else None
+    if config_file is None or not config_file.is_file():
+        return  # a hub id: verl's loader reports it
+    import json
+
+    vocab = json.loads(config_file.read_text()).get("vocab_size")
+    for key in TOKENIZER_KEYS:
+        path = select(plain, key)
+        if not vocab or not path or not os.path.isdir(os.path.expanduser(str(path))):
+            continue
+        from recipe.common.checks import tokenizer_size
+
+        size = tokenizer_size(os.path.expanduser(str(path)))
+        if size > vocab or size < vocab / 2:
+            raise ConfigError(
+                f"{key}={str(path)!r} has {size} tokens, but actor_rollout_ref.model.path={str(model)!r} a vocabulary "
+                f"of {vocab}: they belong to different models (another experiment's tokenizer?); set {key}=null "
+                "to use the model's own, or point it at the tokenizer saved with that model"
+            )
 
 
 def run_dapo(config: DictConfig) -> None:
     """Train with a composed config (the entry point of ``dapo-train dapo.engine=verl`` too)."""
+    # ---- setup: the DAPO settings first, as the embedded engine reads them first (the same message for a bad value)
+    try:
+        check_dapo_config(config)
+    except ValueError as err:  # ConfigError already, or a check naming the key (require_dapo_sampler)
+        raise ConfigError(str(err).strip()) from None
+    resumed = check_inputs(config)  # before the lock: a refused start leaves the run directory as it found it
+    run_dir = select(config, "trainer.default_local_dir")
+    local = run_dir and "://" not in str(run_dir)
+    if local:  # one run per directory, held by this driver until it ends
+        from recipe.common.rundir import clear_stop, lock_run_dir, unlock_run_dir
+
+        lock_run_dir(Path(os.path.expanduser(str(run_dir))))
+        clear_stop(run_dir)  # a reason left by a worker of an earlier run of this directory
+    try:
+        _train(config, resumed, run_dir)
+    finally:
+        if local:
+            unlock_run_dir(Path(os.path.expanduser(str(run_dir))))
+
+
+def _train(config: DictConfig, resumed, run_dir) -> None:
     from verl.trainer.main_ppo import run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -209,18 +263,6 @@ def run_dapo(config: DictConfig) -> None:
     from recipe.dapo import watchdog
     from recipe.dapo.resume import prepare_metrics
 
-    # ---- setup: the DAPO settings first, as the embedded engine reads them first (the same message for a bad value)
-    try:
-        check_dapo_config(config)
-    except ValueError as err:  # ConfigError already, or a check naming the key (require_dapo_sampler)
-        raise ConfigError(str(err).strip()) from None
-    run_dir = select(config, "trainer.default_local_dir")
-    if run_dir and "://" not in str(run_dir):  # one run per directory, held by this driver until it exits
-        from recipe.common.rundir import clear_stop, lock_run_dir
-
-        lock_run_dir(Path(os.path.expanduser(str(run_dir))))
-        clear_stop(run_dir)  # a reason left by a worker of an earlier run of this directory
-    resumed = check_inputs(config)
     auto_set_device(config)
     try:
         validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))

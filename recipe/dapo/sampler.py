@@ -52,7 +52,7 @@ import torch
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBuffer, ReplayBufferAsync
 
-from dapo.sampling import BatchFiller, filter_metrics
+from dapo.sampling import BatchFiller, filter_metrics, starved_message
 from dapo.settings import ConfigError, FilterSettings, SamplingSettings
 
 logger = logging.getLogger(__name__)
@@ -197,6 +197,8 @@ class DAPOReplayBuffer(_Watched, ReplayBuffer):
         self._carried: set[str] = set()  # uids of kept groups left in the TransferQueue for the next step
         # where a failing reward function leaves its reason (recipe/dapo/reward_manager.py)
         self._run_dir = dict(sampler_kwargs or {}).get("run_dir")
+        self.last_step_metrics: dict = {}  # the trainer's, after each step (recipe/dapo/trainer.py)
+        self.actor_lr = float("nan")
         if self.filler is not None and self.refill_fn is None:
             raise ValueError("DAPOReplayBuffer needs the trainer's refill_fn to generate further rounds")
 
@@ -241,7 +243,8 @@ class DAPOReplayBuffer(_Watched, ReplayBuffer):
             try:
                 keep = filler.add_round(uids, acc, uids).tolist()
             except ValueError as err:  # no signal after max_num_gen_batches rounds: the message names the fix
-                raise ConfigError(f"step {global_steps}: {err}") from None
+                message = starved_message(global_steps, err, self.last_step_metrics, self.actor_lr)
+                raise ConfigError(message) from None
             kept_this_step.update(uid for uid, k in zip(uids, keep) if k)
             dropped = [i for i, k in enumerate(keep) if not k]
             self._clear_groups(partition_id, {uids[i] for i in dropped})

@@ -212,6 +212,9 @@ class DAPOStages:
         # the overlong filter counted over the same responses.
         if "dapo/overlong_frac" in metrics:
             metrics["response_length/clip_ratio"] = metrics["dapo/overlong_frac"]
+        # the sampler names the learning rate if the next step starves after a collapse (dapo.sampling.starved_message)
+        self.replay_buffer.last_step_metrics = dict(metrics)
+        self.replay_buffer.actor_lr = float(self.config.actor_rollout_ref.actor.optim.lr)
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         watchdog.beat("old log-probs")

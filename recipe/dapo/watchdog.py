@@ -41,9 +41,9 @@ import ray
 
 from recipe.common.rundir import WatchdogStopped, record_stop
 from recipe.common.watchdog import Watchdog, WatchdogSettings, latest_checkpoint_step, resume_advice
+from recipe.config import EXIT_WATCHDOG, say_last
 
 HEARTBEAT = "dapo_watchdog_heartbeat"
-EXIT_WATCHDOG = 75  # EX_TEMPFAIL: a lost worker or a stall; the same command resumes (recipe.cli documents the codes)
 GRACE_S = 30.0  # how long the trainer has to stop at its next poll before its process is ended
 STACKS_FILE = "watchdog-stacks.txt"
 
@@ -221,8 +221,7 @@ def watch_from_driver(settings: WatchdogSettings, *, prog: str = "main_dapo") ->
 
 
 def _stop_driver(prog: str, line: str) -> None:
-    print(f"{prog}: stopped: {line}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
+    say_last(f"{prog}: stopped: {line}")
     os._exit(EXIT_WATCHDOG)
 
 

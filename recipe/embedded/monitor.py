@@ -153,14 +153,17 @@ class Monitor:
         else:
             print(text)
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
+        """Close the progress bar and finish the W&B run (``exit_code`` 1: marked failed); closing twice is a no-op."""
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
         if self._wandb is not None:
             try:
-                self._wandb.finish()
+                self._wandb.finish(exit_code=exit_code)
             except Exception as err:  # noqa: BLE001
                 logger.warning("W&B finish failed: %s", err)
+            self._wandb = None
 
 
 def _plain(value):

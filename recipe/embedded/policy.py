@@ -17,7 +17,7 @@ import torch
 
 from dapo.settings import eos_token_ids
 from recipe.common.cpu import cpu_has_bf16
-from recipe.common.warmup import warm_model
+from recipe.common.warmup import task_files, warm_model
 from recipe.embedded.attention import use_cpu_attention
 from recipe.embedded.config import ConfigError, EngineConfig
 from recipe.embedded.fused_decoder import FusedDecoder, unsupported_reason
@@ -117,15 +117,43 @@ def bf16_compute(c: EngineConfig) -> bool:
         return False
 
 
-def load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
-    """The model and tokenizer: from a checkpoint when resuming, else ``model.path``, else the warmed-up tiny model."""
+def policy_tokenizer(c: EngineConfig, resume_from: Path | None):
+    """The policy's tokenizer, as the engine uses it (chat template checked, left padding), without the model: from a
+    checkpoint when resuming, else ``model.tokenizer_path`` / ``model.path``, else the tiny task's (built before the
+    warm-up, so that prompts are checked before it runs)."""
+    if resume_from is not None:
+        tokenizer_dir = resume_from / "actor"
+    elif c.model.path is not None:
+        tokenizer_dir = c.model.tokenizer_path or c.model.path
+    else:
+        tokenizer_dir = task_files(c.embedded.cache_dir, c.embedded.task) / "tokenizer"
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir, c.model.trust_remote_code)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot load the tokenizer of {str(tokenizer_dir)!r} ({err}); set actor_rollout_ref.model.path (or "
+            "tokenizer_path) to a local directory saved with save_pretrained"
+        ) from None
+    if c.model.custom_chat_template:
+        tokenizer.chat_template = c.model.custom_chat_template
+    if not tokenizer.chat_template:
+        raise ConfigError(
+            f"the tokenizer of {tokenizer_dir} has no chat template; set actor_rollout_ref.model.custom_chat_template"
+        )
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_policy(c: EngineConfig, resume_from: Path | None, tokenizer) -> Policy:
+    """The model (from a checkpoint when resuming, else ``model.path``, else the warmed-up tiny model) with the
+    tokenizer :func:`policy_tokenizer` gave."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     device, param_dtype, autocast_dtype = device_and_dtypes(c)
     if resume_from is not None:
-        model_dir, tokenizer_dir = resume_from / "actor", resume_from / "actor"
+        model_dir = resume_from / "actor"
     elif c.model.path is not None:
-        model_dir, tokenizer_dir = c.model.path, c.model.tokenizer_path or c.model.path
+        model_dir = c.model.path
     else:
         model_dir = warm_model(
             c.embedded.cache_dir,
@@ -135,9 +163,7 @@ def load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
             device=device,
             progress_bar=c.embedded.progress_bar,
         )
-        tokenizer_dir = model_dir
     try:
-        tokenizer = load_tokenizer(tokenizer_dir, c.model.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=param_dtype, trust_remote_code=c.model.trust_remote_code
         )
@@ -146,13 +172,6 @@ def load_policy(c: EngineConfig, resume_from: Path | None) -> Policy:
             f"cannot load actor_rollout_ref.model.path={str(model_dir)!r} ({err}); give a local directory saved with "
             "save_pretrained, or a hub id with network access (nothing is downloaded in tests)"
         ) from None
-    if c.model.custom_chat_template:
-        tokenizer.chat_template = c.model.custom_chat_template
-    if not tokenizer.chat_template:
-        raise ConfigError(
-            f"the tokenizer of {model_dir} has no chat template; set actor_rollout_ref.model.custom_chat_template"
-        )
-    tokenizer.padding_side = "left"
     eos = eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)  # shared with verl's engine
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     model.generation_config = GenerationConfig(eos_token_id=list(eos), pad_token_id=pad_id)  # no hub defaults

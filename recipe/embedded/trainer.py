@@ -60,14 +60,14 @@ from omegaconf import DictConfig, OmegaConf
 from dapo.advantage import group_advantages
 from dapo.loss import LOSS_MODES, aggregate_loss, masked_mean, overlong_filter_mask, truncated_responses
 from dapo.metrics import mean_metrics, repeat_ngram_frac, response_length_metrics
-from dapo.sampling import BatchFiller
+from dapo.sampling import BatchFiller, starved_message
 from dapo.shaping import overlong_penalty
 from recipe.common import checks
 from recipe.common.identity import run_identity
 from recipe.common.rundir import lock_run_dir, unlock_run_dir
 from recipe.common.warmup import task_files
 from recipe.common.watchdog import Watchdog, resume_advice
-from recipe.config import EXIT_WATCHDOG
+from recipe.config import EXIT_WATCHDOG, say_last
 from recipe.embedded import checkpoint
 from recipe.embedded.config import ConfigError, EngineConfig, ignored_verl_keys, read_config
 from recipe.embedded.data import PromptSet, PromptStream, load_prompts
@@ -75,7 +75,7 @@ from recipe.embedded.decode import batched_shared_log_probs, sample, shared_prom
 from recipe.embedded.evaluation import score_responses, val_summary, validate
 from recipe.embedded.guard import UpdateGuard
 from recipe.embedded.monitor import Monitor, write_plots
-from recipe.embedded.policy import load_policy
+from recipe.embedded.policy import load_policy, policy_tokenizer
 from recipe.embedded.rollout import SamplingParams, right_pad
 
 logger = logging.getLogger(__name__)
@@ -99,8 +99,10 @@ def run(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> Path:
     try:
         if trainer.setup():
             trainer.train()
-    finally:
-        trainer.cleanup()
+    except BaseException:
+        trainer.cleanup(failed=True)  # W&B's closing lines now, before the entry point's one line
+        raise
+    trainer.cleanup()
     return trainer.run_dir
 
 
@@ -152,6 +154,7 @@ class EmbeddedTrainer:
         self.monitor: Monitor | None = None
         self._locked = False
         self.watchdog: Watchdog | None = None
+        self._last_metrics: dict[str, float] = {}  # the last step's, read when the next one starves
 
     # ================================================================================================ setup
     def setup(self) -> bool:
@@ -164,6 +167,11 @@ class EmbeddedTrainer:
         self.identity = run_identity(self.cfg)
         for files, key in ((c.data.train_files, "data.train_files"), (c.data.val_files, "data.val_files")):
             checks.check_data_files(files, key, prompt_key=c.data.prompt_key, reward_fn_key=c.data.reward_fn_key)
+        for key, path in (
+            ("actor_rollout_ref.model.path", c.model.path),
+            ("...tokenizer_path", c.model.tokenizer_path),
+        ):
+            checks.check_model_path(key.replace("...", "actor_rollout_ref.model."), path)
         self.score_fn = checks.load_reward_function(  # probed once; every score is then checked to be finite
             c.reward.path, c.reward.name, c.reward.kwargs, c.data.train_files, c.reward.timeout_s
         )
@@ -177,8 +185,9 @@ class EmbeddedTrainer:
         if c.embedded.num_threads is not None:
             torch.set_num_threads(c.embedded.num_threads)
         _seed_everything(c.embedded.seed)
-        self.policy = load_policy(c, resume_from)
-        self.data, self.val_data = _load_data(c, self.policy.tokenizer)
+        tokenizer = policy_tokenizer(c, resume_from)
+        self.data, self.val_data = _load_data(c, tokenizer)  # prompts checked before the model loads or warms up
+        self.policy = load_policy(c, resume_from, tokenizer)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(  # fused: one kernel for every parameter (CPU and CUDA), not a loop
             self.params, lr=c.actor.lr, betas=c.actor.betas, weight_decay=c.actor.weight_decay, fused=True
@@ -242,6 +251,7 @@ class EmbeddedTrainer:
             except RuntimeError as err:
                 raise self.guard.diverged(err, step) from None
             self.guard.end_step(step)
+            self._last_metrics = metrics
             for callback in self.callbacks:
                 callback.on_step_end(step, metrics)
             last = step == self.total_steps
@@ -284,10 +294,12 @@ class EmbeddedTrainer:
         )
 
     # ================================================================================================ cleanup
-    def cleanup(self) -> None:
-        """Stop the watchdog, release the run directory (also after an error)."""
+    def cleanup(self, failed: bool = False) -> None:
+        """Stop the watchdog, close the metric sinks, release the run directory (also after an error)."""
         if self.watchdog is not None:
             self.watchdog.close()
+        if self.monitor is not None:
+            self.monitor.close(exit_code=1 if failed else 0)
         if self._locked:
             unlock_run_dir(self.run_dir)
             self._locked = False
@@ -360,7 +372,7 @@ class EmbeddedTrainer:
                     [self.data.keys[i] for i in indices],
                 )
             except ValueError as err:
-                raise ConfigError(f"step {step}: {err}") from None
+                raise ConfigError(starved_message(step, err, self._last_metrics, c.actor.lr)) from None
         groups, sampling_metrics = self.filler.end_step()
         return groups, sampling_metrics, acc_sum / max(acc_count, 1)
 
@@ -592,10 +604,8 @@ def _watchdog_stop(line: str) -> None:
     """The watchdog found the run stalled: its line last, then exit 75 (the same command resumes from the newest
     checkpoint, written atomically, so intact whatever the main thread was doing)."""
     import os
-    import sys
 
-    sys.stdout.flush()
-    print(f"dapo-train: stopped: {line}", file=sys.stderr, flush=True)
+    say_last(f"dapo-train: stopped: {line}")
     os._exit(EXIT_WATCHDOG)
 
 

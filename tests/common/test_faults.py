@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -337,19 +338,6 @@ def test_verl_metrics_keep_each_step_once_across_a_restart(tmp_path, monkeypatch
     assert [(r["step"], r["data"]["x"]) for r in records] == [(1, 1), (2, 2), (3, 3), (4, 4)]
 
 
-def test_a_model_path_that_does_not_exist_is_refused_on_both_entry_points(tiny_run, tmp_path, capsys):
-    missing = tmp_path / "no-model"
-    assert cli.main([*tiny_run(), f"actor_rollout_ref.model.path={missing}"]) == 2
-    assert f"cannot load actor_rollout_ref.model.path={str(missing)!r}" in capsys.readouterr().err
-    args = [
-        "--config-name",
-        "dapo_trainer",
-        *_verl_args(tmp_path, tmp_path / "run", f"actor_rollout_ref.model.path={missing}"),
-    ]
-    assert cli.main(args) == 2
-    assert f"actor_rollout_ref.model.path={str(missing)!r}: no such directory" in capsys.readouterr().err
-
-
 def test_an_error_of_ours_from_a_ray_worker_is_found_inside_rays_error():
     """What the entry points print in one line when a Ray worker raised :class:`RunStopped` or ``ConfigError``:
     Ray hands back a ``RayTaskError(X)`` that is also an X, whose text is the remote traceback."""
@@ -443,3 +431,230 @@ def test_the_verl_resume_skips_a_checkpoint_whose_step_was_never_logged(tmp_path
     assert choose_checkpoint(config()) == tmp_path / "global_step_2"
     metrics.write_text(record(0))  # no checkpoint's step logged here: the files decide
     assert choose_checkpoint(config()) == tmp_path / "global_step_2"
+
+
+# ------------------------------------------------------------------------------------------- refusals leave no trace
+
+
+def _tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+
+
+def test_a_refused_start_leaves_the_run_directory_as_it_found_it(tiny_run, tmp_path, capsys):
+    """A missing model path, on both entry points, in the same words: refused before the lock (no directory made,
+    no ``.run.lock``); a directory that existed keeps exactly what it held."""
+    missing = tmp_path / "no-model"
+    fresh = tmp_path / "fresh"
+    assert cli.main([*tiny_run(fresh), f"actor_rollout_ref.model.path={missing}"]) == 2
+    assert f"actor_rollout_ref.model.path={str(missing)!r}: no such directory" in capsys.readouterr().err
+    assert not fresh.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    args = ["--config-name", "dapo_trainer", *_verl_args(tmp_path, kept, f"actor_rollout_ref.model.path={missing}")]
+    assert cli.main(args) == 2
+    assert f"actor_rollout_ref.model.path={str(missing)!r}: no such directory" in capsys.readouterr().err
+    assert _tree(kept) == ["notes.txt"]
+
+
+def test_a_finished_run_started_again_leaves_no_lock_behind(tiny_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    extra = {"trainer.total_training_steps": 1, "trainer.save_freq": 1, "trainer.val_before_train": False}
+    assert cli.main(tiny_run(run_dir, extra)) == 0
+    assert not (run_dir / LOCK_FILE).exists()  # a trained run's too
+    before = _tree(run_dir)
+    capsys.readouterr()
+    assert cli.main(tiny_run(run_dir, extra)) == 0  # nothing to train: says so, and changes nothing
+    assert "nothing to train" in capsys.readouterr().out
+    assert _tree(run_dir) == before
+
+
+def _lock_elsewhere(run_dir: Path) -> subprocess.CompletedProcess:
+    code = (
+        f"import pathlib; from recipe.common.rundir import lock_run_dir; lock_run_dir(pathlib.Path({str(run_dir)!r}))"
+    )
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_two_processes_never_both_hold_a_run_directory_and_the_lock_goes_with_its_holder(tmp_path):
+    from recipe.common.rundir import lock_run_dir, unlock_run_dir
+
+    run_dir = tmp_path / "run"
+    lock_run_dir(run_dir)
+    assert str(os.getpid()) in (run_dir / LOCK_FILE).read_text()
+    other = _lock_elsewhere(run_dir)
+    assert other.returncode != 0 and "is in use by another run (process" in other.stderr
+    unlock_run_dir(run_dir)
+    assert not run_dir.exists()  # this lock made the directory, and it is empty again
+    assert _lock_elsewhere(run_dir).returncode == 0  # free: another process takes it (and exits, releasing it)
+
+
+def test_prompts_too_long_are_refused_before_the_warm_up(tiny_run, tmp_path, capsys):
+    """The tiny task's prompts are checked with its tokenizer, built with the task, before the model is warmed up:
+    a cold cache holds the task afterwards, and no warm-up."""
+    cache = tmp_path / "cache"
+    args = [a for a in tiny_run() if not a.startswith("embedded.cache_dir=")]
+    started = time.monotonic()
+    assert cli.main([*args, f"embedded.cache_dir={cache}", "data.max_prompt_length=4"]) == 2
+    err = capsys.readouterr().err
+    assert "data.max_prompt_length=4" in err, err
+    assert time.monotonic() - started < 60
+    assert not [p for p in cache.rglob("*") if "warmup" in p.name]
+
+
+# ------------------------------------------------------------------------------------------------- verl, before Ray
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (
+            ["actor_rollout_ref.rollout.max_model_len=30"],
+            "actor_rollout_ref.rollout.max_model_len=30 cannot hold a prompt and a response",
+        ),
+        (
+            ["actor_rollout_ref.model.path={smollm2}"],
+            "has {tiny} tokens, but actor_rollout_ref.model.path=",
+        ),
+    ],
+    ids=["max_model_len", "tokenizer_of_another_model"],
+)
+def test_the_verl_entry_point_refuses_a_rollout_that_cannot_fit_before_ray(
+    tmp_path, monkeypatch, overrides, fragment, request
+):
+    import verl.trainer.main_ppo
+
+    from dapo.settings import ConfigError
+    from recipe.dapo.main_dapo import run_dapo
+
+    monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo", lambda *a, **k: pytest.fail("reached Ray"))
+    if "{smollm2}" in overrides[0]:  # the real model with cpu_tiny's tokenizer (the tiny task's) left in place
+        from recipe.common.warmup import task_files
+
+        assets = request.getfixturevalue("smollm2_assets")
+        tiny = task_files(str(request.getfixturevalue("embedded_cache")), {}) / "tokenizer"
+        overrides = [
+            overrides[0].format(smollm2=assets / "base"),
+            f"actor_rollout_ref.model.tokenizer_path={tiny}",
+            "actor_rollout_ref.rollout.max_model_len=null",
+        ]
+    config = compose(_verl_args(tmp_path, tmp_path / "run", "+experiment=cpu_tiny", *overrides), "dapo_trainer")
+    if "{tiny}" in fragment:
+        from recipe.common.checks import tokenizer_size
+
+        fragment = fragment.format(tiny=tokenizer_size(str(config.actor_rollout_ref.model.tokenizer_path)))
+    with pytest.raises(ConfigError) as refused:
+        run_dapo(config)
+    assert fragment in str(refused.value), str(refused.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_without_dynamic_sampling_the_verl_round_is_the_train_batch(tmp_path, monkeypatch, capsys):
+    """verl's unfiltered sampler needs rounds that divide the batch: with the filter off, data.gen_batch_size is
+    set to the batch, saying so, as the embedded engine generates one round of the batch."""
+    import verl.trainer.main_ppo
+
+    from recipe.dapo.main_dapo import run_dapo
+
+    seen = {}
+    monkeypatch.setattr(
+        verl.trainer.main_ppo, "run_ppo", lambda config, **k: seen.update(gen=config.data.gen_batch_size)
+    )
+    (tmp_path / "model").mkdir()  # only checked to exist before Ray (run_ppo, where it would load, is replaced)
+    overrides = [
+        "algorithm.filter_groups.enable=false",
+        f"actor_rollout_ref.model.path={tmp_path / 'model'}",
+        "actor_rollout_ref.model.tokenizer_path=null",
+    ]
+    config = compose(_verl_args(tmp_path, tmp_path / "run", "+experiment=cpu_tiny", *overrides), "dapo_trainer")
+    assert config.data.gen_batch_size == 8 and config.data.train_batch_size == 4
+    run_dapo(config)
+    assert seen == {"gen": 4}
+    assert "data.gen_batch_size=8 is set to 4" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ the last line
+
+
+@pytest.mark.slow
+def test_a_reward_that_turns_nan_mid_run_ends_with_our_line_last_after_wandbs(tiny_run, tmp_path):
+    """With W&B on (offline), W&B's closing lines come before the run's own: the last line a user or a scheduler
+    sees names the failure, and the exit code is 1 (stopped at run time)."""
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text(
+        "import math\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str in ('', 'Answer: ' + str(ground_truth)):\n"
+        "        return 1.0\n"
+        "    return math.nan\n"
+    )
+    extra = {
+        "reward.custom_reward_function.path": str(scorer),
+        "trainer.val_before_train": False,
+        "trainer.logger": "[console,wandb]",
+    }
+    env = {k: v for k, v in ENV.items() if k != "WANDB_SILENT"}
+    result = subprocess.run(
+        [sys.executable, "-m", "recipe.cli", *tiny_run(tmp_path / "run", extra)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert any(line.startswith("wandb:") for line in lines), "W&B printed nothing: the test shows nothing"
+    assert lines[-1].startswith("dapo-train: stopped: reward.custom_reward_function (") and "returned nan" in lines[-1]
+
+
+@pytest.mark.slow
+def test_a_stalled_embedded_run_is_ended_by_its_watchdog_within_the_bound(tiny_run, tmp_path):
+    """A reward function that never returns (its timeout off): the watchdog ends the run within its bound, with one
+    line naming the step and the checkpoint to resume from, exit 75; the same command, with the reward fixed,
+    resumes from that checkpoint."""
+    hang = tmp_path / "hang"  # the reward function hangs while this file exists
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text(
+        "import os, time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        f"    if os.path.exists({str(hang)!r}):\n"
+        "        time.sleep(10_000)\n"
+        "    return 1.0 if solution_str.strip() == 'Answer: ' + str(ground_truth) else -1.0\n"
+    )
+    run_dir = tmp_path / "run"
+    extra = {
+        "reward.custom_reward_function.path": str(scorer),
+        "dapo.reward_timeout_s": "null",
+        "trainer.val_before_train": False,
+        "trainer.total_training_steps": 3,
+        "trainer.save_freq": 1,
+        "trainer.test_freq": -1,
+        "dapo.watchdog.min_timeout_s": 4,
+        "dapo.watchdog.step_multiple": 1,
+        "dapo.watchdog.first_step_timeout_s": 120,
+        "dapo.watchdog.probe_interval_s": 0.5,
+    }
+    command = [sys.executable, "-m", "recipe.cli", *tiny_run(run_dir, extra)]
+    log = tmp_path / "first.log"
+    first = _start(command[3:], log)
+    _wait(_checkpointed(run_dir, 1), first, log, "the step-1 checkpoint")
+    hang.touch()
+    stalled_at = time.monotonic()
+    code = first.wait(timeout=120)
+    elapsed = time.monotonic() - stalled_at
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert code == 75, log.read_text()[-3000:]
+    stopped = re.fullmatch(
+        r"dapo-train: stopped: step (\d+): no progress for \d+ s in generation \(bound \d+ s, dapo.watchdog.\*\); "
+        r"rerun the same command to resume from global_step_(\d+)",
+        lines[-1],
+    )
+    assert stopped and int(stopped[2]) == int(stopped[1]) - 1, lines[-1]  # the step it hung in, the one before it
+    assert elapsed < 60, elapsed  # the bound: max(4 s, 1 x the longest step), checked every 0.5 s
+    hang.unlink()
+    resumed = run_process(command, cwd=REPO, env=ENV, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    steps = [r["step"] for r in read_metrics(run_dir)]
+    assert steps == sorted(set(steps)) and steps[-1] == 3

@@ -163,13 +163,13 @@ def two_stop_model(tmp_path_factory) -> tuple[Path, int, int]:
 
 def test_end_of_sequence_set_is_the_same_in_both_engines(tiny_run, two_stop_model):
     from recipe.dapo.trainer import response_eos_ids
-    from recipe.embedded.policy import load_policy
+    from recipe.embedded.policy import load_policy, policy_tokenizer
 
     path, eos, second = two_stop_model
     expected = tuple(sorted({eos, second}))
     assert eos_token_ids(eos, [eos, second]) == expected
     c = read_config(compose([*tiny_run(), f"actor_rollout_ref.model.path={path}"]))
-    embedded = tuple(load_policy(c, None).eos_ids.tolist())
+    embedded = tuple(load_policy(c, None, policy_tokenizer(c, None)).eos_ids.tolist())
     model_cfg = verl_config(f"actor_rollout_ref.model.path={path}").actor_rollout_ref.model
     verl = response_eos_ids(omega_conf_to_dataclass(model_cfg))  # what DAPOTrainer._init_tokenizer computes
     assert embedded == verl == expected
