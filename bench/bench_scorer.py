@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.common import parser, print_table, time_interleaved, write_json
 from dapo import reward
 
-AIME_PARQUET = Path(__file__).resolve().parents[2] / "shared" / "data" / "aime-2024.parquet"
+AIME_PARQUET = Path(__file__).resolve().parents[1] / "tests" / "data" / "aime-2024.parquet"
 FALLBACK_TRUTHS = ["204", "25", "116", "33", "80", "699", "727", "236", "45", "540"]  # if the parquet is absent
 
 REASONING_LINES = [

@@ -2,7 +2,7 @@
 """Prepare DAPO-Math-17k (training) and AIME 2024 (validation) in verl's parquet schema.
 
     python scripts/prepare_data.py                                  # both from the Hugging Face hub
-    python scripts/prepare_data.py --train /path/dapo-math-17k.parquet --val ../shared/data/aime-2024.parquet
+    python scripts/prepare_data.py --train /path/dapo-math-17k.parquet --val tests/data/aime-2024.parquet
     python scripts/prepare_data.py --val none --no-dedup            # training set only, every row kept
 
 A source is a hub dataset id (default ``BytedTsinghua-SIA/DAPO-Math-17k`` and ``BytedTsinghua-SIA/AIME-2024``,

@@ -348,6 +348,12 @@ class RewardConfig:
         )
 
 
+# trainer.logger names: the engine's own sinks, then verl's tracking backends it hands metrics to (verl 0.9.1's
+# Tracking.supported_backend, less wandb and console, which the engine runs itself with its offline fallback)
+VERL_LOGGERS = ("tensorboard", "mlflow", "swanlab", "clearml", "trackio", "vemlp_wandb")
+LOGGERS = ("console", "wandb", "file", *VERL_LOGGERS)
+
+
 def _optional_path(value) -> str | None:
     return os.path.expanduser(str(value)) if value else None
 
@@ -362,7 +368,11 @@ class TrainerConfig:
     )
     test_freq: int = _key("trainer.test_freq", "steps between validations", shared=True)
     save_freq: int = _key("trainer.save_freq", "steps between checkpoints", shared=True)
-    logger: tuple[str, ...] = _key("trainer.logger", "console, wandb (offline without credentials)")
+    logger: tuple[str, ...] = _key(
+        "trainer.logger",
+        "console, wandb (offline without credentials), file (metrics.jsonl, always written), and through verl's "
+        "Tracking tensorboard (into <run dir>/tensorboard unless TENSORBOARD_DIR), mlflow, swanlab, clearml, trackio",
+    )
     project_name: str = _key("trainer.project_name", "the W&B project")
     experiment_name: str = _key("trainer.experiment_name", "the W&B run name")
     run_dir: str = _key("trainer.default_local_dir", "the run directory: metrics.jsonl, plots, checkpoints")
@@ -387,12 +397,20 @@ class TrainerConfig:
         if resume_mode == "resume_path" and not resume_from:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
         logger = _get(config, "trainer.logger", [])
+        logger = (logger,) if isinstance(logger, str) else tuple(logger)
+        unknown = [name for name in logger if name not in LOGGERS]
+        if unknown:
+            raise ConfigError(
+                f"trainer.logger has {', '.join(map(repr, unknown))}; the embedded engine logs to "
+                f"{', '.join(LOGGERS)} (file: metrics.jsonl, always written; {', '.join(VERL_LOGGERS)} through verl's "
+                "Tracking)"
+            )
         return cls(
             total_training_steps=run.total_training_steps,
             total_epochs=run.total_epochs,
             test_freq=run.test_freq,
             save_freq=run.save_freq,
-            logger=(logger,) if isinstance(logger, str) else tuple(logger),
+            logger=logger,
             project_name=str(_get(config, "trainer.project_name")),
             experiment_name=str(_get(config, "trainer.experiment_name")),
             run_dir=os.path.expanduser(str(_get(config, "trainer.default_local_dir"))),

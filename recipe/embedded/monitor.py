@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from recipe.common.tracking import WANDB_INIT_TIMEOUT_S, offline_reason
+from recipe.embedded.config import VERL_LOGGERS
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,15 @@ class Monitor:
         self.wandb_dir: Path | None = None
         if "wandb" in loggers:
             self._init_wandb(project, experiment, config)
+        self._verl = None  # verl's Tracking for the other backends (tensorboard, mlflow, ...)
+        others = [name for name in loggers if name in VERL_LOGGERS]
+        if others:
+            from verl.utils.tracking import Tracking
+
+            os.environ.setdefault("TENSORBOARD_DIR", str(run_dir / "tensorboard"))
+            self._verl = Tracking(
+                project_name=project, experiment_name=experiment, default_backend=others, config=config
+            )
         self._bar = None
         if progress_bar and "console" in loggers:
             from tqdm import tqdm
@@ -132,6 +142,8 @@ class Monitor:
             except Exception as err:  # noqa: BLE001
                 logger.warning("W&B log failed, W&B disabled for the rest of the run: %s", err)
                 self._wandb = None
+        if self._verl is not None:
+            self._verl.log(data={k: v for k, v in metrics.items() if _plain(v) is not None}, step=step)
 
     def progress(self, step: int, metrics: dict[str, float]) -> None:
         if self._bar is None:
@@ -164,6 +176,9 @@ class Monitor:
             except Exception as err:  # noqa: BLE001
                 logger.warning("W&B finish failed: %s", err)
             self._wandb = None
+        if self._verl is not None:
+            self._verl.finish(exit_code=exit_code)
+            self._verl = None
 
 
 def _plain(value):

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from dapo import reward
 from dapo.reward import INVALID, compute_score, normalize_final_answer
 
-AIME_PARQUET = Path(__file__).resolve().parents[3] / "shared" / "data" / "aime-2024.parquet"
+AIME_PARQUET = Path(__file__).resolve().parents[1] / "data" / "aime-2024.parquet"
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +130,6 @@ def test_fallback_is_off_by_default():
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def aime_truths() -> list[str]:
-    if not AIME_PARQUET.exists():
-        pytest.skip(f"AIME 2024 parquet not found at {AIME_PARQUET} (expects shared/ beside the repository)")
     pd = pytest.importorskip("pandas")
     frame = pd.read_parquet(AIME_PARQUET)
     assert len(frame) == 960 and set(frame["data_source"]) == {"math_dapo"}

@@ -116,3 +116,26 @@ def test_without_group_filter_every_group_is_trained(tiny_run, tmp_path):
     assert record["train/num_gen_batches"] == 1.0
     assert "dapo/kept_group_frac" not in record  # no filter, no filter metrics
     assert json.loads((tmp_path / "run" / "latest_checkpointed_iteration.txt").read_text()) == 1
+
+
+@pytest.mark.slow
+def test_tensorboard_through_verls_tracking_and_an_unknown_logger_refused(tiny_run, tmp_path, monkeypatch, capsys):
+    """``trainer.logger=[console,tensorboard]``: the step metrics as TensorBoard scalars in ``<run dir>/tensorboard``
+    (verl's Tracking writes them); a logger neither the engine nor verl has is refused at start, naming the ones
+    there are."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    run_dir = tmp_path / "run"
+    extra = {"trainer.logger": "[console,tensorboard]", "trainer.total_training_steps": 1, "trainer.test_freq": -1}
+    assert cli.main(tiny_run(run_dir, extra)) == 0
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/acc/mean", "actor/pg_loss", "dapo/kept_group_frac"} <= scalars
+    assert [e.step for e in events.Scalars("actor/pg_loss")] == [1]
+    capsys.readouterr()
+    assert cli.main(tiny_run(tmp_path / "other", {"trainer.logger": "[console,neptune]"})) == 2
+    err = capsys.readouterr().err
+    assert "trainer.logger has 'neptune'; the embedded engine logs to console, wandb, file, tensorboard" in err
+    assert not (tmp_path / "other").exists()

@@ -1,4 +1,4 @@
-"""scripts/prepare_data.py on the real AIME 2024 parquet (../shared/data) and on malformed files.
+"""scripts/prepare_data.py on the real AIME 2024 parquet (tests/data) and on malformed files.
 
 Nothing is downloaded: the hub path is only reached with a source that is not a file, and is not tested here.
 """
@@ -16,21 +16,18 @@ import pytest
 from tests.conftest import run_process
 
 REPO = Path(__file__).resolve().parents[2]
-AIME = REPO.parent / "shared" / "data" / "aime-2024.parquet"
+AIME = REPO / "tests" / "data" / "aime-2024.parquet"
 SCRIPT = REPO / "scripts" / "prepare_data.py"
 
 spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
 prepare_data = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(prepare_data)
 
-needs_aime = pytest.mark.skipif(not AIME.exists(), reason=f"{AIME} is not available")
-
 
 def run(*args: str) -> int:
     return prepare_data.main(list(args))
 
 
-@needs_aime
 def test_aime_deduplicated_to_30_problems(tmp_path, capsys):
     assert run("--train", "none", "--val", str(AIME), "--out-dir", str(tmp_path)) == 0
     out = capsys.readouterr().out
@@ -54,14 +51,12 @@ def test_aime_deduplicated_to_30_problems(tmp_path, capsys):
     assert df["prompt"].map(lambda p: p[0]["role"]).eq("user").all()
 
 
-@needs_aime
 def test_no_dedup_keeps_every_row(tmp_path, capsys):
     assert run("--train", "none", "--val", str(AIME), "--out-dir", str(tmp_path), "--no-dedup") == 0
     assert "kept all 960 rows" in capsys.readouterr().out
     assert len(pd.read_parquet(tmp_path / "aime-2024.parquet")) == 960
 
 
-@needs_aime
 def test_verls_dataset_reads_the_output(tmp_path):
     pytest.importorskip("verl")
     from omegaconf import OmegaConf
