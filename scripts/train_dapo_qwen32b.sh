@@ -14,6 +14,10 @@
 #   PROJECT_NAME (DAPO), EXPERIMENT_NAME         W&B project and run name (trainer.logger=[console,wandb])
 #   CKPT_DIR                                     checkpoints (shared storage); trainer.default_local_dir
 #   SAVE_FREQ (5), TEST_FREQ (5), RESUME_MODE (auto)
+#   KEEP_CKPTS (3)                               trainer.max_actor_ckpt_to_keep: a 32B checkpoint with its optimizer
+#                                                state is about 400 GB; keeping every one fills a disk in days
+#   CHECK_PATHS (1)                              check TRAIN_FILES / VAL_FILES exist on this host before submitting
+#                                                (every node reads them at the same path: shared storage)
 #   SP_SIZE (8)                                  Ulysses sequence parallel size of the actor
 #   OFFLOAD (true)                               FSDP parameter and optimizer offload
 #   GEN_TP (4), GPU_MEMORY_UTILIZATION (0.8)     vLLM tensor parallel size and memory fraction
@@ -43,6 +47,8 @@ CKPT_DIR=${CKPT_DIR:-$HOME/ckpts/$PROJECT_NAME/$EXPERIMENT_NAME}
 SAVE_FREQ=${SAVE_FREQ:-5}
 TEST_FREQ=${TEST_FREQ:-5}
 RESUME_MODE=${RESUME_MODE:-auto}
+KEEP_CKPTS=${KEEP_CKPTS:-3}
+CHECK_PATHS=${CHECK_PATHS:-1}
 SP_SIZE=${SP_SIZE:-8}
 OFFLOAD=${OFFLOAD:-true}
 GEN_TP=${GEN_TP:-4}
@@ -83,6 +89,7 @@ overrides=(
   "trainer.save_freq=$SAVE_FREQ"
   "trainer.test_freq=$TEST_FREQ"
   "trainer.resume_mode=$RESUME_MODE"
+  "trainer.max_actor_ckpt_to_keep=$KEEP_CKPTS"
   # memory and parallelism of the 32B run
   "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=$SP_SIZE"
   "actor_rollout_ref.actor.fsdp_config.param_offload=$OFFLOAD"
@@ -100,7 +107,25 @@ quote() {  # shell-quote one word only when it needs it, so the printed command 
   if [[ "$1" =~ ^[A-Za-z0-9_./:=+@%,-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
 }
 
+# The data and the checkpoint directory are read and written by every node at the same path: they must be on
+# shared storage. Checked here, on the submitting host, before any GPU hour is spent (CHECK_PATHS=0 skips it, e.g.
+# for hdfs:// paths or files that only the cluster sees).
+check_paths() {
+  local missing=()
+  for f in ${TRAIN_FILES//,/ } ${VAL_FILES//,/ }; do
+    f=${f#[}; f=${f%]}
+    [[ "$f" == *://* || -f "$f" ]] || missing+=("$f")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    echo "error: data file(s) not found on this host: ${missing[*]}" >&2
+    echo "  every node of the job reads TRAIN_FILES / VAL_FILES at the same path (shared storage); make them with" >&2
+    echo "  'python scripts/prepare_data.py --out-dir <shared dir>' and set DATA_DIR=<shared dir>, or CHECK_PATHS=0" >&2
+    exit 2
+  fi
+}
+
 if [[ "$DRY_RUN" == "1" ]]; then
+  echo "# data, model and CKPT_DIR must be at the same path on every node (shared storage); checkpoints kept: $KEEP_CKPTS" >&2
   line=""
   for word in "${submit[@]}" "${module[@]}"; do line+="$(quote "$word") "; done
   printf '%s\\\n' "$line"
@@ -111,6 +136,7 @@ if [[ "$DRY_RUN" == "1" ]]; then
   exit 0
 fi
 
+[[ "$CHECK_PATHS" == "1" ]] && check_paths
 if ! command -v ray >/dev/null 2>&1; then
   echo "error: the 'ray' command is not on PATH; activate the environment with verl and ray installed" >&2
   exit 1

@@ -119,7 +119,8 @@ def run_identity(cfg: DictConfig) -> dict:
         if identity[key]:  # a file rewritten in place with other rows is other data
             identity[f"{key} (rows)"] = [_parquet_rows(path) for path in identity[key]]
     if identity["data.train_files"] is None or identity["data.val_files"] is None:  # the embedded task's files
-        identity["embedded.task"] = get("embedded.task")
+        task = get("embedded.task") or {}
+        identity["embedded.task"] = {k: v for k, v in task.items() if v is not None}  # null: unset (warmup._settings)
     identity.update({key: get(key) for key in TRAINING_KEYS})
     return identity
 

@@ -191,6 +191,47 @@ def check_inputs(config: DictConfig) -> Path | None:
     return latest
 
 
+CHECKPOINT_BYTES_PER_PARAMETER = 12  # fp32 weights and AdamW's two moments, what verl's FSDP checkpoint holds
+
+
+def model_parameters(model_path) -> float | None:
+    """About how many parameters the model at ``model_path`` has: from a local ``config.json`` (a Llama-family
+    estimate), else from a size in its name (``Qwen/Qwen2.5-32B``: 32e9); ``None`` if neither tells."""
+    import json
+    import re
+
+    config_file = Path(os.path.expanduser(str(model_path))) / "config.json"
+    if config_file.is_file():
+        c = json.loads(config_file.read_text())
+        try:
+            d, layers, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+        except KeyError:
+            return None
+        heads = c.get("num_attention_heads", 1)
+        head_dim = c.get("head_dim") or d // heads
+        kv = c.get("num_key_value_heads", heads)
+        per_layer = d * head_dim * (2 * heads + 2 * kv) + 3 * d * inter
+        return layers * per_layer + vocab * d * (1 if c.get("tie_word_embeddings") else 2)
+    match = re.search(r"(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])", str(model_path))
+    return float(match.group(1)) * 1e9 if match else None
+
+
+def retention_warning(plain: dict) -> str | None:
+    """A run that keeps every checkpoint (``trainer.max_actor_ckpt_to_keep=null``, verl's default) of a model of a
+    billion parameters or more fills its disk: the warning to print at start, or ``None``."""
+    if select(plain, "trainer.max_actor_ckpt_to_keep") is not None or int(select(plain, "trainer.save_freq", -1)) <= 0:
+        return None
+    params = model_parameters(select(plain, "actor_rollout_ref.model.path"))
+    if params is None or params < 1e9:
+        return None
+    size_gb = params * CHECKPOINT_BYTES_PER_PARAMETER / 1e9
+    return (
+        f"trainer.max_actor_ckpt_to_keep=null keeps every checkpoint; at about {params / 1e9:.0f}B parameters each one "
+        f"is about {size_gb:.0f} GB with its optimizer state (one every trainer.save_freq="
+        f"{select(plain, 'trainer.save_freq')} steps): set trainer.max_actor_ckpt_to_keep=3 (the launcher's KEEP_CKPTS)"
+    )
+
+
 TOKENIZER_KEYS = ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.rollout.engine_kwargs.vllm.tokenizer")
 
 
@@ -238,6 +279,9 @@ def run_dapo(config: DictConfig) -> None:
     except ValueError as err:  # ConfigError already, or a check naming the key (require_dapo_sampler)
         raise ConfigError(str(err).strip()) from None
     resumed = check_inputs(config)  # before the lock: a refused start leaves the run directory as it found it
+    warning = retention_warning(OmegaConf.to_container(config, resolve=True, throw_on_missing=False))
+    if warning:
+        print(f"main_dapo: warning: {warning}", flush=True)
     run_dir = select(config, "trainer.default_local_dir")
     local = run_dir and "://" not in str(run_dir)
     if local:  # one run per directory, held by this driver until it ends
