@@ -41,7 +41,20 @@ def configuration_page() -> str:
             default = field.default if field.default is not dataclasses.MISSING else "(required)"
             lines.append(f"| `{field.name}` | `{default!r}` | {_cell(field.metadata.get('help', ''))} |")
         lines.append("")
+    from recipe.common.watchdog import WatchdogSettings
+
     lines += [
+        "## `WatchdogSettings` (`dapo.watchdog.*`)",
+        "",
+        _cell((WatchdogSettings.__doc__ or "").strip().split("\n\n")[0]) + " Both engines; `recipe.common.watchdog`.",
+        "",
+        "| field | default | meaning |",
+        "| --- | --- | --- |",
+    ]
+    for field in dataclasses.fields(WatchdogSettings):
+        lines.append(f"| `{field.name}` | `{field.default!r}` | {_cell(field.metadata.get('help', ''))} |")
+    lines += [
+        "",
         "## The embedded engine's sections",
         "",
         "Generated from the field metadata of `recipe.embedded.config`: every key the embedded engine reads, "
@@ -84,15 +97,33 @@ def metrics_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_references(app) -> None:
-    out = Path(app.srcdir) / "reference"
+PAGES = {"configuration.md": configuration_page, "metrics.md": metrics_page}
+
+
+def write(out: Path) -> list[str]:
+    """Write the pages into ``out``; return the names that changed."""
     out.mkdir(exist_ok=True)
-    for name, text in (("configuration.md", configuration_page()), ("metrics.md", metrics_page())):
-        path = out / name
+    changed = []
+    for name, page in PAGES.items():
+        path, text = out / name, page()
         if not path.is_file() or path.read_text() != text:  # unchanged pages keep their mtime: no rebuild
             path.write_text(text)
+            changed.append(name)
+    return changed
+
+
+def write_references(app) -> None:
+    write(Path(app.srcdir) / "reference")
 
 
 def setup(app):
     app.connect("builder-inited", write_references)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # python docs/_ext/references.py: refresh the committed pages (a test checks they are)
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    changed = write(Path(__file__).resolve().parents[1] / "reference")
+    print(f"docs/reference: {', '.join(changed) or 'up to date'}")
