@@ -27,6 +27,14 @@ METRIC_DOCS: dict[str, str] = {
     "actor/lr": "learning rate after warm-up scheduling",
     "dapo/clipfrac_high": "fraction of tokens with A>0 clipped at 1+clip_ratio_high (Clip-Higher's upper bound acting)",
     "dapo/clipfrac_low": "fraction of tokens with A<0 clipped at 1-clip_ratio_low",
+    "dapo/entropy/logp_adv_cov": "covariance over the trained tokens of a token's log-probability (the sampling "
+    "policy's) and its advantage (Cui et al. 2025): positive drives the entropy down (likely tokens rewarded), "
+    "negative up; a persistently large positive value precedes entropy collapse",
+    "dapo/entropy/clipped_high": "mean entropy of the tokens the high clip bound acts on (A>0, ratio above "
+    "1+clip_ratio_high), over the step's updates; NaN when none: the exploratory tokens Clip-Higher lets grow further "
+    "than a symmetric clip would",
+    "dapo/entropy/clipped_low": "mean entropy of the tokens the low clip bound acts on (A<0, ratio below "
+    "1-clip_ratio_low); NaN when none",
     # rollouts
     "response_length/mean": "mean response length in tokens; grows as reasoning lengthens in long-CoT training",
     "response_length/max": "longest response in the batch",
@@ -199,3 +207,95 @@ def collapse_signs(metrics: Mapping[str, float]) -> list[str]:
         if not math.isfinite(value) or abs(value) > limit:
             signs.append(f"{name} {value:.3g}")
     return signs
+
+
+# ---------------------------------------------------------------------------------------------------- entropy
+
+
+def logprob_advantage_covariance(
+    log_prob: torch.Tensor,  # [N, T] log-probs of the sampled tokens under the policy that sampled them
+    advantages: torch.Tensor,  # [N, T]
+    mask: torch.Tensor,  # [N, T] the trained tokens
+) -> float:
+    """``dapo/entropy/logp_adv_cov``: the covariance over the trained tokens of a token's log-probability and its
+    advantage, ``mean((lp - mean lp) * (A - mean A))`` (population form). Cui et al. 2025 (arXiv 2505.22617): a
+    policy-gradient step changes the policy's entropy by about ``-lr x Cov(log pi(a), A(a))`` over its own samples, so a
+    positive covariance (likely tokens rewarded, unlikely ones punished) lowers the entropy and a negative one raises
+    it. NaN without trained tokens."""
+    m = mask.to(torch.float64)
+    count = m.sum()
+    if count == 0:
+        return math.nan
+    lp, adv = log_prob.to(torch.float64), advantages.to(torch.float64)
+    lp_mean, adv_mean = (lp * m).sum() / count, (adv * m).sum() / count
+    return float((((lp - lp_mean) * (adv - adv_mean)) * m).sum() / count)
+
+
+def clipped_token_entropy(
+    entropy: torch.Tensor,  # [N, T] the policy's entropy at each token (the update's forward)
+    log_prob: torch.Tensor,  # [N, T]
+    old_log_prob: torch.Tensor,  # [N, T]
+    advantages: torch.Tensor,  # [N, T]
+    mask: torch.Tensor,  # [N, T]
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+) -> dict[str, tuple[float, float]]:
+    """Per bound, ``(sum of entropy, tokens)`` over the tokens that bound clips (A > 0 above ``1 + clip_ratio_high``:
+    ``high``; A < 0 below ``1 - clip_ratio_low``: ``low``; the rule is :func:`dapo.loss.clipped_surrogate`'s) and over
+    every trained token (``all``): summed over micro-batches by the engine, then ``dapo/entropy/clipped_high`` and
+    ``dapo/entropy/clipped_low`` are ``sum / tokens`` (NaN without such tokens). Clip-Higher's claim is about the
+    first: the tokens it stops from growing are the low-probability, high-entropy ones."""
+    from dapo.loss import clipped_surrogate
+
+    with torch.no_grad():
+        _, stats = clipped_surrogate(
+            log_prob, old_log_prob, advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high
+        )
+        m = mask.bool()
+        out = {}
+        for name, where in (("high", stats["clipped_high"] & m), ("low", stats["clipped_low"] & m), ("all", m)):
+            out[name] = (float(entropy[where].to(torch.float64).sum()), float(where.sum()))
+    return out
+
+
+def clipped_entropy_metrics(sums: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """``dapo/entropy/clipped_{high,low}`` from :func:`clipped_token_entropy`'s sums over a step's micro-batches."""
+    return {
+        f"dapo/entropy/clipped_{name}": (total / count if count else math.nan)
+        for name, (total, count) in sums.items()
+        if name != "all"
+    }
+
+
+class EntropyWatch:
+    """Entropy collapse: ``actor/entropy`` below ``fraction`` of its value ``window`` steps earlier (of the first step,
+    before ``window`` steps have passed). :meth:`update` returns the warning the first time it happens (again only after
+    the entropy has recovered above the threshold), naming the knobs that counter it; both engines log it."""
+
+    def __init__(self, fraction: float, window: int) -> None:
+        self.fraction, self.window = fraction, window
+        self.history: list[tuple[int, float]] = []
+        self.warned = False
+
+    def update(self, step: int, entropy: float, *, lr: float, clip_ratio_high: float) -> str | None:
+        if entropy is None or not math.isfinite(entropy):
+            return None
+        self.history.append((step, float(entropy)))
+        earlier = [(s, e) for s, e in self.history if s <= step - self.window] or self.history[:1]
+        ref_step, ref = earlier[-1]
+        if ref <= 0 or step == ref_step:
+            return None
+        collapsed = entropy < self.fraction * ref
+        if collapsed and not self.warned:
+            self.warned = True
+            return (
+                f"entropy collapse: actor/entropy fell from {ref:.3g} at step {ref_step} to {entropy:.3g} at step "
+                f"{step} (below {self.fraction:g} x, dapo.entropy_watch): the policy stops exploring. Counter it with "
+                f"Clip-Higher (raise actor_rollout_ref.actor.clip_ratio_high, now {clip_ratio_high:g}), a lower "
+                f"learning rate (actor_rollout_ref.actor.optim.lr, now {lr:g}), or an entropy bonus "
+                "(actor_rollout_ref.actor.entropy_coeff); dapo/entropy/logp_adv_cov > 0 is what drives it down"
+            )
+        if not collapsed:
+            self.warned = False
+        return None

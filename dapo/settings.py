@@ -8,6 +8,7 @@ way. One frozen dataclass per concern, each owning its defaults and its validati
 * :class:`FilterSettings`    ``algorithm.filter_groups.{enable, metric, max_num_gen_batches}`` (dynamic sampling)
 * :class:`SamplingSettings`  ``data.{train_batch_size, gen_batch_size}`` and ``dapo.sampling.*`` (the batch filler)
 * :class:`OverlongSettings`  ``dapo.overlong_filter`` and ``reward.reward_kwargs.{max_resp_len, overlong_buffer_cfg}``
+* :class:`EntropyWatchSettings` ``dapo.entropy_watch.*``: when both engines warn of entropy collapse
 * :class:`RunSettings`       the verl keys every run sets (``rollout.n``, sampling, lengths, optimizer, batch
   division, schedule), checked first and alike by both entry points, so a bad value is refused before a warm-up or
   Ray starts, naming the key the user set
@@ -524,6 +525,29 @@ class RunSettings:
         )
 
 
+# ---------------------------------------------------------------------------------------------------- entropy watch
+
+
+@dataclass(frozen=True)
+class EntropyWatchSettings:
+    """``dapo.entropy_watch.*``: when both engines warn of entropy collapse (:class:`dapo.metrics.EntropyWatch`)."""
+
+    fraction: float = field(default=0.3, metadata={"help": "warn when actor/entropy falls below this x its value"})
+    window: int = field(default=20, metadata={"help": "... this many steps earlier (the first step's before that)"})
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fraction < 1.0:
+            raise ConfigError(f"dapo.entropy_watch.fraction must be in (0, 1), got {self.fraction!r}")
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> EntropyWatchSettings:
+        key, d = "dapo.entropy_watch", {f.name: f.default for f in fields(cls)}
+        return cls(
+            fraction=check_float(f"{key}.fraction", select(config, f"{key}.fraction", d["fraction"])),
+            window=check_int(f"{key}.window", select(config, f"{key}.window", d["window"]), minimum=1),
+        )
+
+
 # ---------------------------------------------------------------------------------------------------- all of it
 
 
@@ -536,6 +560,7 @@ class DapoSettings:
     sampling: SamplingSettings
     overlong: OverlongSettings
     run: RunSettings
+    entropy_watch: EntropyWatchSettings
 
     @classmethod
     def from_config(cls, config: Mapping) -> DapoSettings:
@@ -549,4 +574,5 @@ class DapoSettings:
             filter=FilterSettings.from_config(config),
             sampling=SamplingSettings.from_config(config),
             overlong=OverlongSettings.from_config(config),
+            entropy_watch=EntropyWatchSettings.from_config(config),
         )

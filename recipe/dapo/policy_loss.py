@@ -82,3 +82,64 @@ REGISTERED_HERE = tuple(name for name in LOSS_MODES if name not in POLICY_LOSS_R
 for _name in REGISTERED_HERE:
     register_policy_loss(_name)(verl_adapter(LOSS_MODES[_name], _name))
 compute_policy_loss_dapo = POLICY_LOSS_REGISTRY[LOSS_MODE]
+
+
+class LossWithClipEntropy:
+    """verl 0.9.1's actor loss (``verl/workers/utils/losses.py``, ``ppo_loss``), unchanged, plus what the embedded
+    engine logs of the tokens the clip bounds act on (``dapo.metrics.clipped_token_entropy``): verl's policy-loss
+    signature carries no entropy, but its actor loss gets the update forward's per-token entropy
+    (``actor_rollout_ref.actor.calculate_entropy=true``, configs/dapo_trainer.yaml). Set on the actor's workers through
+    their ``set_loss_fn``, the method verl registers for replacing the loss (``verl/workers/engine_workers.py``);
+    the DAPO trainer does it before training (``recipe/dapo/trainer.py``). Logs sums and counts (summed over
+    micro-batches and ranks); the trainer turns them into ``dapo/entropy/clipped_{high,low}``."""
+
+    SUM, COUNT = "dapo/entropy_sum/clipped_", "dapo/entropy_count/clipped_"
+
+    def __init__(self, actor_config) -> None:
+        self.actor_config = (
+            actor_config  # actor_rollout_ref.actor (a DictConfig), made verl's ActorConfig in the worker
+        )
+        self._config = None
+
+    def __call__(self, model_output, data, dp_group=None):
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.metric import AggregationType, Metric
+        from verl.workers.utils.losses import ppo_loss
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        from dapo.metrics import clipped_token_entropy
+
+        if self._config is None:
+            self._config = omega_conf_to_dataclass(self.actor_config)
+        loss, metrics = ppo_loss(self._config, model_output, data, dp_group)
+        entropy = model_output.get("entropy", None)
+        if entropy is None or "old_log_probs" not in data.keys():
+            return loss, metrics
+        settings = loss_settings(self._config)
+        padded = data.select("old_log_probs", "advantages", "response_mask").to_padded_tensor()
+        sums = clipped_token_entropy(
+            no_padding_2_padding(entropy, data).detach(),
+            no_padding_2_padding(model_output["log_probs"], data).detach(),
+            padded["old_log_probs"],
+            padded["advantages"],
+            padded["response_mask"].bool(),
+            clip_ratio_low=settings.clip_ratio_low,
+            clip_ratio_high=settings.clip_ratio_high,
+        )
+        for name in ("high", "low"):
+            total, count = sums[name]
+            metrics[self.SUM + name] = Metric(value=total, aggregation=AggregationType.SUM)
+            metrics[self.COUNT + name] = Metric(value=count, aggregation=AggregationType.SUM)
+        return loss, metrics
+
+
+def clip_entropy_metrics(metrics: dict) -> dict[str, float]:
+    """``dapo/entropy/clipped_{high,low}`` from :class:`LossWithClipEntropy`'s sums and counts in a step's metrics
+    (verl prefixes the actor's metrics with ``actor/``); the sums and counts are removed from ``metrics``."""
+    out = {}
+    for name in ("high", "low"):
+        total = metrics.pop(f"actor/{LossWithClipEntropy.SUM}{name}", None)
+        count = metrics.pop(f"actor/{LossWithClipEntropy.COUNT}{name}", None)
+        if total is not None and count is not None:
+            out[f"dapo/entropy/clipped_{name}"] = float(total) / float(count) if count else float("nan")
+    return out

@@ -48,9 +48,10 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
 from dapo.loss import overlong_filter_mask, truncated_responses
-from dapo.metrics import repeat_ngram_frac
-from dapo.settings import OverlongSettings, eos_token_ids, select
+from dapo.metrics import EntropyWatch, logprob_advantage_covariance, repeat_ngram_frac
+from dapo.settings import EntropyWatchSettings, OverlongSettings, eos_token_ids, select
 from recipe.dapo import watchdog
+from recipe.dapo.policy_loss import LossWithClipEntropy, clip_entropy_metrics
 from recipe.dapo.sampler_state import load_sampler_state, save_sampler_state
 from recipe.dapo.weight_sync import weight_sync_metrics
 
@@ -106,6 +107,21 @@ def apply_overlong_filter(
     return {"dapo/overlong_frac": num_truncated / num_real if num_real else 0.0, "dapo/loss_tokens": loss_tokens}
 
 
+def covariance_metrics(batch: KVBatchMeta) -> dict[str, float]:
+    """``dapo/entropy/logp_adv_cov`` of the batch's real responses, read from the TransferQueue: the covariance of the
+    old log-probs and the advantages over the trained tokens (``dapo.metrics.logprob_advantage_covariance``, the
+    embedded engine's metric)."""
+    keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+    if not keys:
+        return {}
+    fields = ["old_log_probs", "advantages", "response_mask"]
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+    old, adv, mask = (  # [N, T] each
+        data[name].to_padded_tensor(padding=0) if data[name].is_nested else data[name] for name in fields
+    )
+    return {"dapo/entropy/logp_adv_cov": logprob_advantage_covariance(old, adv, mask)}
+
+
 def repeat_metrics(batch: KVBatchMeta) -> dict[str, float]:
     """``response/repeat_ngram_frac`` of the batch's real (non-padding) responses, read from the TransferQueue: the
     share of trained responses repeating an n-gram of token ids (the same function and the same responses as the
@@ -134,6 +150,8 @@ class DAPOStages:
         # before verl's __init__, which rewrites data.gen_batch_size to 1 (its dataloader's fetch size) when group
         # filtering is on: the identity must be the run's settings, as main_dapo.check_inputs computes them
         self._run_identity = run_identity(config)
+        watch = EntropyWatchSettings.from_config(OmegaConf.to_container(config, resolve=True))
+        self.entropy_watch = EntropyWatch(watch.fraction, watch.window)
         super().__init__(config)
         # verl 0.9.1 selects each mode's code paths (TransferQueue checkpoints, prompt persistence, re-issue of
         # in-flight prompts on resume) by trainer_mode == "sync" and its other registry names; this trainer is that
@@ -153,6 +171,8 @@ class DAPOStages:
         sampler, a dead worker) still closes its loggers before the error leaves this Ray worker: W&B's service would
         otherwise be torn down with a traceback when Ray ends the worker, after the driver's one-line message."""
         watchdog.add_worker_probes(self, agent_loop_manager)
+        # the actor's loss logs the entropy of the clipped tokens too (recipe/dapo/policy_loss.py)
+        self.actor_rollout_wg.set_loss_fn(LossWithClipEntropy(self.config.actor_rollout_ref.actor))
         try:
             return super().fit(agent_loop_manager)
         except BaseException:
@@ -197,6 +217,7 @@ class DAPOStages:
                 enable=self.overlong.filter,
             )
         )
+        metrics.update(covariance_metrics(batch))  # of the tokens this update trains (truncated ones masked out)
         watchdog.beat("actor update")
         batch = super()._update_actor(batch, metrics)
         watchdog.beat("after the actor update")
@@ -212,9 +233,18 @@ class DAPOStages:
         # the overlong filter counted over the same responses.
         if "dapo/overlong_frac" in metrics:
             metrics["response_length/clip_ratio"] = metrics["dapo/overlong_frac"]
+        metrics.update(clip_entropy_metrics(metrics))
         # the sampler names the learning rate if the next step starves after a collapse (dapo.sampling.starved_message)
+        lr = float(self.config.actor_rollout_ref.actor.optim.lr)
         self.replay_buffer.last_step_metrics = dict(metrics)
-        self.replay_buffer.actor_lr = float(self.config.actor_rollout_ref.actor.optim.lr)
+        self.replay_buffer.actor_lr = lr
+        clip_high = float(self.config.actor_rollout_ref.actor.clip_ratio_high)
+        warning = self.entropy_watch.update(
+            global_steps, metrics.get("actor/entropy"), lr=lr, clip_ratio_high=clip_high
+        )
+        if warning:
+            logging.getLogger(__name__).warning(warning)
+            print(f"warning: {warning}", flush=True)
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         watchdog.beat("old log-probs")

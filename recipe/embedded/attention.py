@@ -76,7 +76,7 @@ class PackedRows:
 
     prompt_len: torch.Tensor  # [U]
     row: torch.Tensor  # [N] the row of each response
-    cols: torch.Tensor  # [N, F] the columns of each response's fed tokens, padded with its first column
+    cols: torch.Tensor  # [N, F] the columns of each response's fed tokens, padded with column 0 (masked out)
     fed: torch.Tensor  # [N, F] bool: a real fed token
 
     @classmethod
@@ -85,7 +85,7 @@ class PackedRows:
         width = max(int(fed.max()), 1) if fed.numel() else 1
         t = torch.arange(width, device=fed.device)
         real = t < fed.unsqueeze(1)  # [N, F]
-        cols = torch.where(real, start.unsqueeze(1) + t, start.unsqueeze(1))
+        cols = torch.where(real, start.unsqueeze(1) + t, 0)  # a response of one token feeds none: all padding
         return cls(prompt_len, row, cols, real)
 
 

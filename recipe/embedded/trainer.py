@@ -59,7 +59,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from dapo.advantage import group_advantages
 from dapo.loss import LOSS_MODES, aggregate_loss, masked_mean, overlong_filter_mask, truncated_responses
-from dapo.metrics import mean_metrics, repeat_ngram_frac, response_length_metrics
+from dapo.metrics import (
+    EntropyWatch,
+    clipped_entropy_metrics,
+    clipped_token_entropy,
+    logprob_advantage_covariance,
+    mean_metrics,
+    repeat_ngram_frac,
+    response_length_metrics,
+)
 from dapo.sampling import BatchFiller, starved_message
 from dapo.shaping import overlong_penalty
 from recipe.common import checks
@@ -155,6 +163,8 @@ class EmbeddedTrainer:
         self._locked = False
         self.watchdog: Watchdog | None = None
         self._last_metrics: dict[str, float] = {}  # the last step's, read when the next one starves
+        watch = self.c.dapo.entropy_watch
+        self.entropy_watch = EntropyWatch(watch.fraction, watch.window)
 
     # ================================================================================================ setup
     def setup(self) -> bool:
@@ -252,6 +262,12 @@ class EmbeddedTrainer:
                 raise self.guard.diverged(err, step) from None
             self.guard.end_step(step)
             self._last_metrics = metrics
+            warning = self.entropy_watch.update(
+                step, metrics.get("actor/entropy"), lr=c.actor.lr, clip_ratio_high=c.dapo.loss.clip_ratio_high
+            )
+            if warning:
+                logger.warning(warning)
+                monitor.write(f"warning: {warning}")
             for callback in self.callbacks:
                 callback.on_step_end(step, metrics)
             last = step == self.total_steps
@@ -318,6 +334,9 @@ class EmbeddedTrainer:
             batch = self._compute_advantage(batch, metrics)
             # 3. [DAPO 4] overlong filtering: truncated responses carry no loss
             batch = self._compute_loss_mask(batch, metrics)
+            metrics["dapo/entropy/logp_adv_cov"] = logprob_advantage_covariance(
+                batch["old_log_prob"], batch["advantages"], batch["loss_mask"]
+            )
             # 4. [DAPO 1, 3] the policy update: decoupled clip, token-level loss
             metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
             with _timer(metrics, "timing_s/update_actor"):
@@ -483,6 +502,7 @@ class EmbeddedTrainer:
         mini = c.actor.ppo_mini_batch_size * c.rollout.n  # responses
         num_rows = batch["response_ids"].shape[0]
         self.policy.model.train()
+        self._clip_entropy = {name: (0.0, 0.0) for name in ("high", "low", "all")}  # summed over micro-batches
         records = [
             self._mini_batch_step(batch, slice(start, start + mini))
             for _ in range(c.actor.ppo_epochs)
@@ -491,6 +511,7 @@ class EmbeddedTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.sync_sampler()  # the next rollout samples with the updated weights
         metrics.update(mean_metrics(records))
+        metrics.update(clipped_entropy_metrics(self._clip_entropy))
         return batch
 
     def _mini_batch_step(self, batch: dict, rows: slice) -> dict[str, float]:
@@ -556,6 +577,18 @@ class EmbeddedTrainer:
             )
         loss.backward()
         self._beat("actor update")
+        sums = clipped_token_entropy(
+            entropy.detach(),
+            log_prob.detach(),
+            batch["old_log_prob"][rows, :width].to(device),
+            batch["advantages"][rows, :width].to(device),
+            mask,
+            clip_ratio_low=settings.clip_ratio_low,
+            clip_ratio_high=settings.clip_ratio_high,
+        )
+        for name, (total, count) in sums.items():
+            old_total, old_count = self._clip_entropy[name]
+            self._clip_entropy[name] = (old_total + total, old_count + count)
         response_mask = batch["response_mask"][rows, :width].to(device)
         return {**record, "actor/entropy": masked_mean(entropy.detach(), response_mask).item(), "_loss": loss.item()}
 

@@ -106,7 +106,9 @@ def test_the_update_never_holds_full_vocabulary_logits():
 def test_cpu_attention_gives_the_sdpa_forward_and_gradients(layout, float64_end_to_end):
     """The shared-prompt forward with ``dapo_cpu`` attention against the full forward with ``sdpa``: log-probs,
     entropies and every parameter's gradient, float64 end to end (the same algebra: one additive mask, one softmax,
-    stacked key-head groups instead of repeated keys)."""
+    stacked key-head groups instead of repeated keys). Packed, the attention runs on the rows' layout
+    (``PackedRows``: each prompt causal, each response over its prompt and itself); responses of 2 to 6 tokens and
+    one of a single token, last in its row, which feeds nothing."""
     model = qwen2(64, torch.float64).train()
     reference = qwen2(64, torch.float64).train()  # the same weights (seeded), sdpa
     assert use_cpu_attention(model) and model.config._attn_implementation == NAME
@@ -116,6 +118,7 @@ def test_cpu_attention_gives_the_sdpa_forward_and_gradients(layout, float64_end_
     response_mask = torch.ones(8, 6, dtype=torch.long)
     response_mask[1, 4:] = 0
     response_mask[6, 2:] = 0
+    response_mask[7, 1:] = 0  # one token (its end token at once): the last response of a row feeds none
 
     def run(m, fn):
         m.zero_grad()

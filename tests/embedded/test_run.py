@@ -139,3 +139,42 @@ def test_tensorboard_through_verls_tracking_and_an_unknown_logger_refused(tiny_r
     err = capsys.readouterr().err
     assert "trainer.logger has 'neptune'; the embedded engine logs to console, wandb, file, tensorboard" in err
     assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.slow
+def test_the_entropy_collapse_warning_follows_the_logged_entropy(tiny_run, tmp_path, capsys):
+    """A run pushed to lose entropy (8 passes over each batch at a high learning rate, a symmetric clip, no filter)
+    crosses a 0.7 x threshold within 5 steps and is warned, naming the knobs; the same model at the default settings
+    stays above the default 0.3 x and is not. Each run's warnings are what its logged actor/entropy says they should
+    be (the dapo/entropy/* metrics are logged too)."""
+    from dapo.metrics import EntropyWatch
+
+    def run(name, extra):
+        run_dir = tmp_path / name
+        assert cli.main(tiny_run(run_dir, extra)) == 0
+        out = capsys.readouterr().out
+        records = [r for r in read_metrics(run_dir) if "actor/entropy" in r]
+        assert {"dapo/entropy/logp_adv_cov", "dapo/entropy/clipped_high", "dapo/entropy/clipped_low"} <= set(
+            records[-1]
+        )
+        return out, records
+
+    common = {"trainer.total_training_steps": 15, "trainer.test_freq": -1, "trainer.val_before_train": False}
+    forced = {
+        **common,
+        "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "actor_rollout_ref.actor.ppo_epochs": 8,
+        "actor_rollout_ref.actor.clip_ratio_high": 0.2,
+        "algorithm.filter_groups.enable": False,
+        "dapo.entropy_watch.fraction": 0.7,
+        "dapo.entropy_watch.window": 5,
+    }
+    for extra, fraction, window, must_warn in ((forced, 0.7, 5, True), (common, 0.3, 20, False)):
+        out, records = run("forced" if must_warn else "default", extra)
+        watch = EntropyWatch(fraction, window)
+        expected = [r["step"] for r in records if watch.update(r["step"], r["actor/entropy"], lr=1, clip_ratio_high=1)]
+        warned = [int(s) for s in re.findall(r"to [\d.e-]+ at step (\d+) \(below", out)]
+        assert warned == expected, (warned, expected)
+        assert bool(warned) == must_warn
+        if must_warn:
+            assert "raise actor_rollout_ref.actor.clip_ratio_high, now 0.2" in out and "optim.lr, now 0.001" in out
