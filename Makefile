@@ -55,7 +55,8 @@ docs: setup
 docs-serve: docs
 	$(PY) -m http.server --directory docs/_build/html 8000
 
-bench: setup
+# every bench (python -m bench.run_all --list: names, rough minutes, venv); ARGS="--only step trl" runs some
+bench: model verl-cpu-setup
 	$(PIP) -e ".[test,bench]"
 	$(PY) -m bench.run_all $(ARGS)
 
