@@ -391,10 +391,13 @@ def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
 
 def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_the_longest():
     from recipe.common.task import StepsAdditionTask, build_tokenizer, solution_text
+    from recipe.common.warmup import TASKS, _settings
 
     cfg = read_config(compose([], "ablation_long"))
     assert cfg.embedded.task["name"] == "addition_steps" and cfg.embedded.task["digits"] == 6
-    spec = StepsAdditionTask(**{k: v for k, v in cfg.embedded.task.items() if k != "name"})
+    # the task's settings as the engine reads them (a null knob of another task counts as not given)
+    task = _settings(dict(cfg.embedded.task), TASKS["addition_steps"][1], "embedded.task")
+    spec = StepsAdditionTask(**{k: v for k, v in task.items() if k != "name"})
     tokenizer = build_tokenizer(spec)
     # one token per digit, "+", "="; "7+5=12\n" is at most 7 tokens, a carry adds 2 ("+1")
     lengths = [len(tokenizer(solution_text(r), add_special_tokens=False)["input_ids"]) + 1 for r in spec.rows("train")]

@@ -283,6 +283,9 @@ def put_batch(lengths, eos_at_end, *, padding=(), length_tags=True):
                 "responses": response,
                 "response_mask": torch.ones(length, dtype=torch.long),
                 "loss_mask": torch.ones(length, dtype=torch.long),
+                # what the update reads besides: response i's tokens at log-prob -0.5 (i + 1), advantage +1 / -1
+                "old_log_probs": torch.full((length,), -0.5 * (i + 1)),
+                "advantages": torch.full((length,), 1.0 if i % 2 == 0 else -1.0),
             }
         )
         tags.append(
@@ -352,6 +355,9 @@ def test_dapo_trainer_update_actor_masks_before_the_update(transfer_queue, enabl
     metrics = {}
     trainer._update_actor(batch, metrics)
     assert metrics["dapo/overlong_frac"] == 0.5 and metrics["actor/pg_loss"] == pytest.approx(0.1)
+    # the covariance over the trained tokens, after the filter: response 1 alone (constant: 0), or both responses'
+    # 4 tokens (log-probs -0.5 / -1.0 around -0.75, advantages +1 / -1: mean(0.25 x 1) = 0.25)
+    assert metrics["dapo/entropy/logp_adv_cov"] == pytest.approx(0.0 if enable else 0.25)
     first = [0] * 4 if enable else [1] * 4
     assert trainer.actor_rollout_wg.seen == ([first, [1] * 4], [first, [1] * 4])
     clear_partition()
