@@ -278,18 +278,20 @@ def run_dapo(config: DictConfig) -> None:
         check_dapo_config(config)
     except ValueError as err:  # ConfigError already, or a check naming the key (require_dapo_sampler)
         raise ConfigError(str(err).strip()) from None
-    resumed = check_inputs(config)  # before the lock: a refused start leaves the run directory as it found it
-    warning = retention_warning(OmegaConf.to_container(config, resolve=True, throw_on_missing=False))
-    if warning:
-        print(f"main_dapo: warning: {warning}", flush=True)
     run_dir = select(config, "trainer.default_local_dir")
     local = run_dir and "://" not in str(run_dir)
-    if local:  # one run per directory, held by this driver until it ends
+    if local:  # one run per directory, held by this driver until it ends; taken first, so that a second run is
+        # told the directory is busy, not what it makes of the first run's half-written checkpoints
         from recipe.common.rundir import clear_stop, lock_run_dir, unlock_run_dir
 
         lock_run_dir(Path(os.path.expanduser(str(run_dir))))
-        clear_stop(run_dir)  # a reason left by a worker of an earlier run of this directory
     try:
+        resumed = check_inputs(config)  # a refused start unlocks, which leaves the directory as it found it
+        warning = retention_warning(OmegaConf.to_container(config, resolve=True, throw_on_missing=False))
+        if warning:
+            print(f"main_dapo: warning: {warning}", flush=True)
+        if local:
+            clear_stop(run_dir)  # a reason left by a worker of an earlier run of this directory
         _train(config, resumed, run_dir)
     finally:
         if local:
@@ -336,8 +338,25 @@ def main(config: DictConfig) -> None:
     settings = WatchdogSettings.from_config(OmegaConf.to_container(config, resolve=True))
     code = supervise(settings, run_dir, prog=PROG)  # dapo.watchdog.max_restarts > 0: this process reruns children
     if code is None:
-        code = finish(PROG, lambda: run_dapo(config), run_dir)
+        code = finish(PROG, lambda: run_dapo(config), run_dir, before_line=_stop_ray)
+    if code != 0:  # the line is out and Ray is down: no exit hook may print after it (Ray's logs at exit would)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
+
+
+def _stop_ray(bound_s: float = 20.0) -> None:
+    """``ray.shutdown()`` before the stop line, so that the workers' last output Ray forwards is printed before it
+    and not after; bounded (a thread the exit does not wait for): a shutdown that hangs must not hang the exit."""
+    import threading
+
+    import ray
+
+    if ray.is_initialized():
+        thread = threading.Thread(target=ray.shutdown, name="dapo-ray-shutdown", daemon=True)
+        thread.start()
+        thread.join(bound_s)
 
 
 def _precompose(argv: list[str]) -> None:
