@@ -114,12 +114,15 @@ def fail(prog: str, message: str, code: int = EXIT_CONFIG) -> int:
     return code
 
 
-def finish(prog: str, run: Callable[[], object], run_dir: str | None) -> int:
+def finish(
+    prog: str, run: Callable[[], object], run_dir: str | None, before_line: Callable[[], None] | None = None
+) -> int:
     """Run ``run()`` and turn how it ends into the exit code of the module docstring's table, with one line on
     stderr for anything but success: a :class:`~dapo.settings.ConfigError` or a
     :class:`~recipe.common.rundir.RunStopped` raised here or in a Ray worker of the verl engine (wrapped in Ray's
     error), a trainer process ended by its watchdog (its line is in the run directory), Ctrl-C. Anything else is a
-    bug and keeps its traceback."""
+    bug and keeps its traceback. ``before_line`` runs before the line is printed (the verl engine stops Ray there,
+    whose shutdown would otherwise print its workers' last output after the line)."""
     from recipe.common.rundir import carried_error, read_stop
 
     try:
@@ -127,6 +130,8 @@ def finish(prog: str, run: Callable[[], object], run_dir: str | None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         where = run_dir or "the run directory"
+        if before_line is not None:
+            before_line()
         say_last(
             f"{prog}: interrupted; the checkpoints in {where} are kept: run the same command to resume from the latest"
         )
@@ -140,6 +145,8 @@ def finish(prog: str, run: Callable[[], object], run_dir: str | None) -> int:
             carried = ("watchdog", stopped)  # verl's trainer process was ended by its watchdog after recording why
         kind, message = carried
         label = "error" if kind == "error" else "stopped"
+        if before_line is not None:
+            before_line()
         say_last(f"{prog}: {label}: {message}")
         return {"error": EXIT_CONFIG, "stopped": EXIT_STOPPED, "watchdog": EXIT_WATCHDOG}[kind]
 

@@ -12,8 +12,9 @@ run when either
 
 It then calls ``on_stop`` with one line that names what failed, the step and what to do (``step 4: the vLLM engine of
 rollout server 0 (10.0.0.1:8000) is dead (/health: 503); rerun the same command to resume from global_step_3``); the
-engine records it, stops, and its entry point prints it last and exits 1. :class:`WatchdogSettings` reads the keys;
-``dapo.watchdog.enable=false`` turns it off (never the default: every wait then has this bound).
+engine records it, stops, and its entry point prints it last and exits 75 (``recipe.config.EXIT_WATCHDOG``).
+:class:`WatchdogSettings` reads the keys; ``dapo.watchdog.enable=false`` turns it off (never the default: every wait
+then has this bound).
 """
 
 from __future__ import annotations

@@ -323,7 +323,16 @@ def _train(config: DictConfig, resumed, run_dir) -> None:
     # ---- training and cleanup: verl's V1 task runner under the watchdog; the trainer class comes from
     # trainer.v1.trainer_mode. The driver watches the trainer's heartbeat from a thread of its own.
     watchdog.watch_from_driver(WatchdogSettings.from_config(OmegaConf.to_container(config, resolve=True)))
-    run_ppo(config, task_runner_class=watchdog.task_runner_class())
+    from ray.exceptions import RayActorError, RayTaskError
+
+    from recipe.common.rundir import WatchdogStopped
+
+    try:
+        run_ppo(config, task_runner_class=watchdog.task_runner_class())
+    except RayActorError as err:  # the TaskRunner itself is gone (a worker's death reaches here as RayTaskError)
+        if isinstance(err, RayTaskError):  # an error the TaskRunner raised (Ray's RayTaskError(X) is also an X)
+            raise
+        raise WatchdogStopped(watchdog.trainer_died_line(err, run_dir or ".")) from None
 
 
 PROG = "main_dapo"

@@ -173,18 +173,20 @@ class DAPOStages:
         watchdog.add_worker_probes(self, agent_loop_manager)
         # the actor's loss logs the entropy of the clipped tokens too (recipe/dapo/policy_loss.py)
         self.actor_rollout_wg.set_loss_fn(LossWithClipEntropy(self.config.actor_rollout_ref.actor))
+        exit_code = 1
         try:
-            return super().fit(agent_loop_manager)
-        except BaseException:
+            result = super().fit(agent_loop_manager)
+            exit_code = 0
+            return result
+        finally:  # on success too: W&B's atexit teardown in a Ray worker otherwise prints "Connection lost"
             tracking = getattr(self, "logger", None)
             try:
                 if tracking is not None and hasattr(tracking, "finish"):
-                    tracking.finish(exit_code=1)
+                    tracking.finish(exit_code=exit_code)
                 if "wandb" in sys.modules:  # its service process, while this worker can still reach it
-                    sys.modules["wandb"].teardown(exit_code=1)
-            except Exception:  # noqa: BLE001 - closing is best effort; the error that ended the run is raised
+                    sys.modules["wandb"].teardown(exit_code=exit_code)
+            except Exception:  # noqa: BLE001 - closing is best effort; an error that ended the run is raised
                 pass
-            raise
 
     # ---- progress, for the watchdog: a step's stages and its validation (the sampler beats for each finished group)
     def on_step_begin(self):

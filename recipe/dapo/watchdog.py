@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -119,11 +120,48 @@ def task_runner_class():
             watchdog = start_in_trainer_process(config)
             try:
                 return super().run(config)
+            except Exception as err:
+                line = dead_worker_line(watchdog, err)
+                if line is None:
+                    raise
+                raise WatchdogStopped(line) from None
             finally:
                 watchdog.close()
 
     DAPOTaskRunner.__name__ = DAPOTaskRunner.__qualname__ = "DAPOTaskRunner"
     return ray.remote(DAPOTaskRunner)
+
+
+def dead_worker_line(watchdog: Watchdog, err: BaseException) -> str | None:
+    """The line for an error that ended the trainer because a worker died (a call into a dead FSDP rank raises Ray's
+    actor-died error in the trainer before a probe may have run): the watchdog's own line once its probes name the
+    worker (waited for up to three probe intervals), else one naming the dead actor's class from Ray's error. None
+    for any other error (it keeps its own report)."""
+    if watchdog.stopped:
+        return watchdog.stopped
+    text = f"{type(err).__name__}: {err}"
+    if not _actor_died(err) and "ActorDiedError" not in text and "RayActorError" not in text:
+        return None
+    deadline = time.monotonic() + 3 * watchdog.settings.probe_interval_s + 5
+    while watchdog.stopped is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if watchdog.stopped:
+        return watchdog.stopped
+    found = re.search(r"class_name: (\w+)", text)
+    worker = f"a Ray worker ({found.group(1)})" if found else "a Ray worker"
+    return f"step {watchdog.step}: {worker} died; {watchdog.advice(watchdog.step)}"
+
+
+def _actor_died(err: BaseException | None) -> bool:
+    from ray.exceptions import RayActorError
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, RayActorError):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 # ---------------------------------------------------------------------------------------------------- probes
@@ -220,6 +258,23 @@ def watch_from_driver(settings: WatchdogSettings, *, prog: str = "main_dapo") ->
     return thread
 
 
+_driver_seen: dict = {}  # the trainer's last heartbeat the driver read (step, phase), for a line after it died
+
+
+def trainer_died_line(err: BaseException, run_dir) -> str:
+    """The line for verl's TaskRunner actor found dead by the driver's wait (its node lost, its process killed): the
+    step it last reported, Ray's reason in a few words, and where the same command resumes from."""
+    step = _driver_seen.get("step")
+    where = f"step {step}" if step is not None else "before the first step"
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if len(reason) > 120:  # Ray's messages run on; the class and its first words say what happened
+        reason = reason[:120].rsplit(" ", 1)[0] + " ..."
+    return (
+        f"{where}: verl's trainer process (its TaskRunner actor) died ({type(err).__name__}: {reason}): its node was "
+        f"lost or the process killed; {resume_advice(run_dir)(step or 0)}"
+    )
+
+
 def _stop_driver(prog: str, line: str) -> None:
     say_last(f"{prog}: stopped: {line}")
     os._exit(EXIT_WATCHDOG)
@@ -248,11 +303,11 @@ def _watch(settings: WatchdogSettings, prog: str) -> None:
                 "fixed",
             )
         time.sleep(min(interval, 2.0))
-    ticks, moved, bound = None, time.monotonic(), startup
+    ticks, moved, bound, last = None, time.monotonic(), startup, None
     while True:
         time.sleep(interval)
         try:
-            state = ray.get(heartbeat.get.remote(), timeout=interval)
+            state = ray.get(heartbeat.get.remote(), timeout=max(interval, 5.0))
         except GetTimeoutError:
             state = None
         except RayActorError:
@@ -262,9 +317,10 @@ def _watch(settings: WatchdogSettings, prog: str) -> None:
                 _stop_driver(prog, state["failure"])
             if state["ticks"] != ticks:
                 ticks, moved = state["ticks"], time.monotonic()
-            bound = state["bound_s"] or bound
+            bound, last = state["bound_s"] or bound, state
+            _driver_seen.update(step=state["step"], phase=state["phase"])
         if time.monotonic() - moved > bound + 4 * interval:
-            phase = "?" if state is None else f"step {state['step']}, {state['phase']}"
+            phase = "before the first heartbeat" if last is None else f"step {last['step']}, {last['phase']}"
             _stop_driver(
                 prog,
                 f"verl's trainer process stopped answering for {time.monotonic() - moved:.0f} s ({phase}); "

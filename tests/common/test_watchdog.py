@@ -159,3 +159,156 @@ def test_a_trainer_process_that_died_after_recording_its_line_ends_with_that_lin
     assert capsys.readouterr().err == (
         "main_dapo: stopped: step 5: FSDP actor rank 0 died; rerun the same command to resume from global_step_4\n"
     )
+
+
+# ---------------------------------------------------------------------------------------------------- the verl probes
+class _Health:
+    """A real HTTP server answering /health with ``status`` (vLLM's: 200, or 503 once its engine core is dead)."""
+
+    def __init__(self, status: int) -> None:
+        import http.server
+
+        outer = self
+        self.status = status
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                self.send_response(outer.status if self.path == "/health" else 404)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_health_probe_names_a_dead_engine_at_once_and_a_gone_server_on_the_second_miss():
+    from recipe.dapo.watchdog import HealthProbe
+
+    server = _Health(200)
+    probe = HealthProbe([("rollout server 0", server.address)], timeout_s=2.0)
+    assert probe() is None
+    server.status = 503  # what vLLM's /health answers once its engine core is dead
+    assert probe() == "the vLLM engine of rollout server 0 is dead (/health: 503)"
+    server.status = 200
+    assert probe() is None
+    server.close()
+    assert probe() is None  # one miss may be a busy server
+    gone = probe()
+    assert gone.startswith("rollout server 0 does not answer (") and gone.endswith("the vLLM server is gone")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_the_actor_probe_names_a_dead_worker_and_waits_on_a_busy_one(local_ray):
+    import time
+
+    from recipe.dapo.watchdog import ActorProbe
+
+    @local_ray.remote(num_cpus=0)
+    class Worker:
+        def busy(self, seconds):
+            time.sleep(seconds)
+
+    alive, busy, doomed = Worker.remote(), Worker.options(max_concurrency=1).remote(), Worker.remote()
+    local_ray.get([w.__ray_ready__.remote() for w in (alive, busy, doomed)])
+    busy.busy.remote(30)  # its ping queues behind this call: busy, not dead
+    probe = ActorProbe([("reward worker 0", alive), ("FSDP actor rank 0", busy), ("agent-loop worker 1", doomed)])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(probe.pending) < 3:
+        assert probe() is None
+    local_ray.kill(doomed)
+    found = None
+    while found is None and time.monotonic() < deadline:
+        found = probe()
+        time.sleep(0.2)
+    assert found is not None and found.startswith("agent-loop worker 1 died (")
+    assert 1 in probe.pending  # the busy worker's ping is still in flight, and no finding
+
+
+def test_the_driver_ends_on_a_recorded_failure_and_on_a_heartbeat_that_stopped(local_ray, monkeypatch):
+    """The driver's backstop (``recipe.dapo.watchdog._watch``) against a real ``Heartbeat`` actor: the line the
+    trainer's watchdog recorded, or, when the trainer process stopped answering, a line saying so; and the trainer
+    that never started. The process exit is replaced by recording the line (the one thing not run for real)."""
+    from recipe.dapo import watchdog
+
+    lines = []
+
+    class Stop(Exception):
+        pass
+
+    def stop(prog, line):
+        lines.append(f"{prog}: stopped: {line}")
+        raise Stop
+
+    monkeypatch.setattr(watchdog, "_stop_driver", stop)
+    settings = WatchdogSettings(min_timeout_s=1.0, first_step_timeout_s=1.0, probe_interval_s=0.2)
+
+    with pytest.raises(Stop):  # no heartbeat actor: the trainer never started
+        watchdog._watch(settings, "main_dapo")
+    assert "the trainer did not start within 1 s (dapo.watchdog.first_step_timeout_s)" in lines[-1]
+
+    heartbeat = watchdog.Heartbeat.options(name=watchdog.HEARTBEAT).remote()
+    heartbeat.put.remote(step=3, phase="generation", bound_s=1.0)
+    with pytest.raises(Stop):  # the heartbeat never moves again: the trainer process stopped answering
+        watchdog._watch(settings, "main_dapo")
+    assert lines[-1].startswith("main_dapo: stopped: verl's trainer process stopped answering for ")
+    assert "(step 3, generation); rerun the same command" in lines[-1]
+
+    heartbeat.put.remote(failure="step 4: reward worker 0 died (ActorDiedError); rerun the same command")
+    with pytest.raises(Stop):
+        watchdog._watch(settings, "main_dapo")
+    assert lines[-1] == "main_dapo: stopped: step 4: reward worker 0 died (ActorDiedError); rerun the same command"
+    local_ray.kill(heartbeat)
+
+
+def test_an_error_from_a_dead_worker_in_the_trainer_becomes_the_watchdogs_line():
+    """A call into a dead FSDP rank raises Ray's actor-died error in verl's trainer, maybe before a probe ran: the
+    trainer stops with the watchdog's line naming the worker, else one naming the actor's class; other errors keep
+    their own report."""
+    from recipe.dapo.watchdog import dead_worker_line
+
+    settings = WatchdogSettings(probe_interval_s=0.05)
+    dog = Watchdog(settings, on_stop=lambda line: None, advice=lambda step: "rerun")
+    dog.begin_step(3)
+    assert dead_worker_line(dog, ValueError("a bug")) is None
+    died = RuntimeError(
+        "ray::DAPOTaskRunner.run() ... ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing "
+        "this task.\n\tclass_name: WorkerDict\n\tactor_id: 1f2e"
+    )
+    assert dead_worker_line(dog, died) == "step 3: a Ray worker (WorkerDict) died; rerun"
+    dog.stopped = "step 3: FSDP actor rank 0 died (ActorDiedError: ...); rerun"  # the probe named it meanwhile
+    assert dead_worker_line(dog, died) == dog.stopped
+
+
+def test_the_driver_names_a_dead_trainer_process_with_its_last_step_and_the_checkpoint(tmp_path, monkeypatch):
+    """verl's TaskRunner lost with its node: the driver's wait raises Ray's actor error, the line names the step the
+    heartbeat last said and the newest checkpoint the same command resumes from."""
+    pytest.importorskip("ray")
+    from ray.exceptions import ActorUnavailableError
+
+    from recipe.dapo import watchdog as dapo_watchdog
+
+    err = ActorUnavailableError("The actor abc is unavailable: RpcError: Socket closed", None)
+    monkeypatch.setattr(dapo_watchdog, "_driver_seen", {})
+    line = dapo_watchdog.trainer_died_line(err, tmp_path)
+    assert line.startswith("before the first step: verl's trainer process (its TaskRunner actor) died (")
+    assert line.endswith("rerun the same command to resume from the start (no checkpoint yet)")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    monkeypatch.setattr(dapo_watchdog, "_driver_seen", {"step": 3, "phase": "generation"})
+    line = dapo_watchdog.trainer_died_line(err, tmp_path)
+    assert line.startswith("step 3: verl's trainer process") and "ActorUnavailableError" in line
+    assert line.endswith("rerun the same command to resume from global_step_2") and "\n" not in line

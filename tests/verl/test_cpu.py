@@ -227,10 +227,19 @@ def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
         "actor/dapo/clipfrac_high",
         "critic/score/mean",
         "response/repeat_ngram_frac",
+        "dapo/entropy/logp_adv_cov",  # from the actor's update (recipe/dapo/trainer.py)
+        "dapo/entropy/clipped_high",  # from the actor's loss, set through set_loss_fn (recipe/dapo/policy_loss.py)
+        "dapo/entropy/clipped_low",
     ]
     for record in train_steps:
         missing = [name for name in required if name not in record]
         assert not missing, missing
+        assert math.isfinite(record["dapo/entropy/logp_adv_cov"])
+        for bound in ("high", "low"):  # NaN (null in the file) exactly when the bound clipped no token
+            clipped, entropy = record[f"actor/dapo/clipfrac_{bound}"], record[f"dapo/entropy/clipped_{bound}"]
+            missing = entropy is None or math.isnan(entropy)
+            assert missing == (clipped == 0), record
+            assert missing or entropy >= 0
         assert 0.0 < record["dapo/kept_group_frac"] <= 1.0
         assert math.isfinite(record["actor/entropy"]) and record["actor/entropy"] > 0
         assert record["train/num_gen_batches"] >= 1
@@ -246,6 +255,8 @@ def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
     # checkpoints in verl's layout, with the sampler's state next to them
     assert (run_dir / "global_step_2" / "actor").is_dir() and (run_dir / "global_step_2" / "dapo_sampler.pt").is_file()
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run missing"
+    console = (run_dir / "console.log").read_text()
+    assert "Traceback" not in console, console[console.index("Traceback") - 2000 :][:4000]
 
 
 def test_rollout_weights_follow_the_actor(healthy_run):
@@ -629,6 +640,133 @@ def test_a_reward_function_failing_in_a_ray_worker_stops_the_run_in_one_line(own
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# a dead worker: the watchdog (recipe/dapo/watchdog.py) ends the run within its bound, in one line, exit 75
+FAST_WATCHDOG = {"dapo.watchdog.probe_interval_s": 2, "dapo.watchdog.min_timeout_s": 120}
+# what a dead worker may take to end the run: a failed probe within a few intervals (Ray reports a killed actor at
+# once; a dead engine core's server answers /health with 503), plus the trainer's grace to stop (GRACE_S, 30 s)
+# and Ray's and W&B's shutdown; measured 10 to 40 s on 2 shared cores
+DEAD_WORKER_BOUND_S = 150
+EXIT_WATCHDOG = 75
+
+
+def _pids(marker: str, title: str) -> list[int]:
+    """The processes of this test's Ray (``marker``, its temp dir) whose title starts with ``title``: Ray names its
+    workers ``ray::<class>``, vLLM its engine core ``VLLM::EngineCore``."""
+    found = []
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if cmdline.startswith(title) and _uses(proc_dir, marker):
+                found.append(int(proc_dir.name))
+    return found
+
+
+def _kill_worker_mid_run(
+    run_dir: Path, overrides: dict, title: str, after_step: int = 1, wait_s: float = DEAD_WORKER_BOUND_S + 300
+) -> tuple[int, float, str]:
+    """Start a run; once the step-``after_step`` checkpoint is on disk, SIGKILL its first process titled ``title``;
+    wait for the run to end (at most ``wait_s``). Returns the exit code, the seconds from the kill to the exit, and
+    the console."""
+    tracker = run_dir / "latest_checkpointed_iteration.txt"
+    marker = _ray_temp_dir(run_dir)
+    with open(run_dir / "console.log", "w") as log:
+        proc = _start(run_dir, _env(run_dir), log, **overrides)
+        try:
+            _wait_for(
+                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= after_step,
+                proc,
+                RUN_TIMEOUT_S,
+                f"the step-{after_step} checkpoint",
+            )
+            _wait_for(lambda: _pids(marker, title), proc, 120, f"a process titled {title}")
+            os.kill(_pids(marker, title)[0], signal.SIGKILL)
+            killed = time.monotonic()
+            try:
+                proc.wait(timeout=wait_s)  # past the bound: measured by the caller, not hung here
+            except subprocess.TimeoutExpired:
+                pass
+            waited = time.monotonic() - killed
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
+    _kill_ray_processes(marker)
+    return proc.returncode, waited, (run_dir / "console.log").read_text()
+
+
+def _last_line(console: str) -> str:
+    return next(line for line in reversed(console.splitlines()) if line.strip())
+
+
+def _assert_stopped_in_one_line(code: int, waited: float, console: str, names: str) -> str:
+    """Exit 75 within the bound, the project's line last, naming ``names`` and what to do."""
+    line = _last_line(console)
+    assert code == EXIT_WATCHDOG, f"exit {code}; last line: {line}\n{console[-4000:]}"
+    assert waited < DEAD_WORKER_BOUND_S, f"the dead worker took {waited:.0f} s to end the run"
+    assert re.match(r"main_dapo: stopped: step \d+: ", line), console[-4000:]
+    assert re.search(names, line), line
+    assert "rerun the same command to resume from global_step_" in line, line
+    return line
+
+
+def test_a_killed_vllm_engine_core_ends_the_run_in_one_line_and_the_same_command_resumes(own_tmp):
+    """The hang this watchdog exists for: SIGKILL of vLLM's engine core mid-run (an out-of-memory kill, a lost GPU)
+    left verl 0.9.1 polling forever. Now: exit 75 within the bound, one line naming the rollout server, and the same
+    command resumes to the end with each step logged once."""
+    run_dir = own_tmp / "dead-engine"
+    run_dir.mkdir()
+    total = 4
+    common = {**_checkpoint_every_step(total), **FAST_WATCHDOG}
+    code, waited, console = _kill_worker_mid_run(run_dir, common, "VLLM::EngineCore")
+    _assert_stopped_in_one_line(code, waited, console, r"rollout server 0|vLLM engine|EngineDead")
+    assert int((run_dir / "latest_checkpointed_iteration.txt").read_text()) < total, "finished before the kill"
+    assert (run_dir / "watchdog-stacks.txt").is_file() or "no progress" not in console
+
+    (run_dir / "console.log").rename(run_dir / "console-first.log")
+    proc = train(run_dir, **common)
+    assert proc.returncode == 0, _tail(run_dir)
+    assert logged_steps(run_dir) == list(range(1, total + 1))
+
+
+@pytest.mark.parametrize(
+    ("title", "names"),
+    [
+        ("ray::RewardLoopWorker", r"reward worker 0 died"),
+        ("ray::AgentLoopWorker", r"agent-loop worker 0 died"),
+    ],
+)
+def test_a_killed_ray_worker_ends_the_run_in_one_line_naming_it(own_tmp, title, names):
+    """SIGKILL of one of verl's Ray workers mid-run: exit 75 within the bound and one line naming the worker (the
+    resume after a watchdog stop is the engine-core test's; it does not depend on which worker died)."""
+    run_dir = own_tmp / f"dead-{title.split('::')[1]}"
+    run_dir.mkdir()
+    common = {**_checkpoint_every_step(6), **FAST_WATCHDOG}
+    code, waited, console = _kill_worker_mid_run(run_dir, common, title)
+    _assert_stopped_in_one_line(code, waited, console, names)
+
+
+def test_with_max_restarts_a_killed_actor_is_restarted_from_its_checkpoint(own_tmp):
+    """``dapo.watchdog.max_restarts=1``: SIGKILL of the FSDP actor's worker (verl's colocated ``WorkerDict``) mid-run
+    ends the attempt with its line (exit 75); the entry point reruns its own command, which resumes from the newest
+    checkpoint and finishes: exit 0, each step logged once."""
+    run_dir = own_tmp / "restarted"
+    run_dir.mkdir()
+    total = 4
+    common = {**_checkpoint_every_step(total), **FAST_WATCHDOG, "dapo.watchdog.max_restarts": 1}
+    code, _, console = _kill_worker_mid_run(run_dir, common, "ray::WorkerDict", wait_s=RUN_TIMEOUT_S)
+    assert code == 0, console[-4000:]
+    stopped = [line for line in console.splitlines() if line.startswith("main_dapo: stopped: step ")]
+    assert len(stopped) == 1 and re.search(r"FSDP actor rank 0 died|a Ray worker \(WorkerDict\) died", stopped[0])
+    assert re.search(
+        r"main_dapo: restarting from global_step_\d+ \(restart 1 of 1, dapo.watchdog.max_restarts\)", console
+    )
+    assert logged_steps(run_dir) == list(range(1, total + 1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -637,7 +775,10 @@ def _free_port() -> int:
 
 def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
     """scripts/train_dapo_qwen32b.sh, unchanged, submits cpu_tiny with `ray job submit` to a head and a worker node
-    started here (one logical GPU each): FSDP spans the two nodes over gloo; the job trains and finishes."""
+    started here (one logical GPU each): FSDP spans the two nodes over gloo, one rollout server on each. Once the
+    step-1 checkpoint is on disk the second node is stopped (every process of it killed, as a lost machine): the job
+    fails within the bound with the watchdog's line naming a worker of that node, and once the node is back the same
+    launcher command resumes and finishes, each step logged once."""
     ray = str(VERL_PY.parent / "ray")
     run_dir = own_tmp / "launcher"
     run_dir.mkdir()
@@ -647,6 +788,7 @@ def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
     env["RAY_AUTH_MODE"] = "disabled"
     port, dashboard = _free_port(), _free_port()
     temp_dir = _ray_temp_dir(run_dir)
+    worker_temp_dir = f"{temp_dir}-w"  # the second node's own (Ray takes a temp dir per node): what stops it
     runtime_env = (
         (REPO / "scripts" / "verl_cpu_runtime_env.yaml")
         .read_text()
@@ -655,6 +797,57 @@ def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
     (run_dir / "runtime_env.yaml").write_text(runtime_env)
     assets = Path(os.environ.get("DAPO_CACHE_DIR", Path.home() / ".cache" / "dapo-verl")) / "verl-cpu"
     subprocess.run([str(VERL_PY), "-m", "recipe.dapo.cpu.prepare"], cwd=REPO, env=env, check=True, capture_output=True)
+    total = 4
+
+    def start_worker_node():
+        subprocess.run(
+            [
+                ray,
+                "start",
+                f"--address=127.0.0.1:{port}",
+                "--num-cpus=8",
+                "--num-gpus=1",
+                f"--temp-dir={worker_temp_dir}",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
+
+    launcher_env = dict(
+        env,
+        NNODES="2",
+        GPUS_PER_NODE="1",
+        EXPERIMENT="cpu_tiny",
+        RAY_ADDRESS=f"http://127.0.0.1:{dashboard}",
+        PYTHON=str(VERL_PY),
+        RUNTIME_ENV=str(run_dir / "runtime_env.yaml"),
+        MODEL_PATH=str(assets / "model"),
+        TRAIN_FILES=str(assets / "train.parquet"),
+        VAL_FILES=str(assets / "val.parquet"),
+        CKPT_DIR=str(run_dir),
+        SAVE_FREQ="1",
+        TEST_FREQ="-1",
+        SP_SIZE="1",
+        OFFLOAD="false",
+        GEN_TP="1",
+        GPU_MEMORY_UTILIZATION="0.5",
+        MAX_TOKENS_PER_GPU="1024",
+        EXPERIMENT_NAME="launcher",
+    )
+    command = [
+        "bash",
+        str(REPO / "scripts" / "train_dapo_qwen32b.sh"),
+        f"trainer.total_training_steps={total}",
+        "trainer.logger=[console,file]",
+        "trainer.val_before_train=false",
+        *[f"{key}={value}" for key, value in FAST_WATCHDOG.items()],
+        # the job joins the running cluster: resources come from `ray start`, not from ray.init
+        "ray_kwargs.ray_init.num_cpus=null",
+        "~ray_kwargs.ray_init.num_gpus",
+    ]
+    tracker = run_dir / "latest_checkpointed_iteration.txt"
     try:
         subprocess.run(
             [
@@ -674,54 +867,45 @@ def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
             capture_output=True,
             timeout=180,
         )
-        subprocess.run(
-            [ray, "start", f"--address=127.0.0.1:{port}", "--num-cpus=8", "--num-gpus=1", f"--temp-dir={temp_dir}"],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=180,
-        )
-        launcher_env = dict(
-            env,
-            NNODES="2",
-            GPUS_PER_NODE="1",
-            EXPERIMENT="cpu_tiny",
-            RAY_ADDRESS=f"http://127.0.0.1:{dashboard}",
-            PYTHON=str(VERL_PY),
-            RUNTIME_ENV=str(run_dir / "runtime_env.yaml"),
-            MODEL_PATH=str(assets / "model"),
-            TRAIN_FILES=str(assets / "train.parquet"),
-            VAL_FILES=str(assets / "val.parquet"),
-            CKPT_DIR=str(run_dir),
-            SAVE_FREQ="-1",
-            TEST_FREQ="2",
-            SP_SIZE="1",
-            OFFLOAD="false",
-            GEN_TP="1",
-            GPU_MEMORY_UTILIZATION="0.5",
-            MAX_TOKENS_PER_GPU="1024",
-            EXPERIMENT_NAME="launcher",
-        )
-        extra = [
-            "trainer.total_training_steps=2",
-            "trainer.logger=[console,file]",
-            # the job joins the running cluster: resources come from `ray start`, not from ray.init
-            "ray_kwargs.ray_init.num_cpus=null",
-            "~ray_kwargs.ray_init.num_gpus",
-        ]
+        start_worker_node()
+        with open(run_dir / "console-first.log", "w") as log:
+            first = subprocess.Popen(command, cwd=REPO, env=launcher_env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                _wait_for(
+                    lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 1,
+                    first,
+                    RUN_TIMEOUT_S,
+                    "the step-1 checkpoint",
+                )
+                assert _kill_ray_processes(worker_temp_dir), "no process of the second node found"
+                stopped = time.monotonic()
+                first.wait(timeout=RUN_TIMEOUT_S)
+                waited = time.monotonic() - stopped
+            finally:
+                if first.poll() is None:
+                    first.kill()
+        console = (run_dir / "console-first.log").read_text()
+        # `ray job submit` prints the job's log as it runs, and its last lines again in its failure report
+        lines = sorted({line for line in console.splitlines() if line.startswith("main_dapo: stopped: step ")})
+        assert first.returncode != 0 and len(lines) == 1, console[-4000:]
+        # the node's FSDP rank, rollout server or agent-loop worker, whichever a probe (or a call) reached first; or
+        # verl's TaskRunner itself when Ray placed it on that node (the driver's wait then names it)
+        assert re.search(
+            r"((rank 1|server 1|worker \d).* (died|is dead|does not answer)|verl's trainer process .*died)", lines[0]
+        ), lines[0]
+        # Ray notices a lost node after its health checks (about 15 s), then a probe interval
+        assert waited < DEAD_WORKER_BOUND_S + 60, f"the lost node took {waited:.0f} s to end the job"
+        assert int(tracker.read_text()) < total, "the job finished before the node was stopped"
+
+        start_worker_node()  # the node is back: the same command resumes
         with open(run_dir / "console.log", "w") as log:
             proc = subprocess.run(
-                ["bash", str(REPO / "scripts" / "train_dapo_qwen32b.sh"), *extra],
-                cwd=REPO,
-                env=launcher_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=RUN_TIMEOUT_S,
+                command, cwd=REPO, env=launcher_env, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
             )
         assert proc.returncode == 0, _tail(run_dir)
-        steps = metrics(run_dir)
-        assert {1, 2} <= set(steps) and VAL_ACC in steps[2]
         assert "succeeded" in (run_dir / "console.log").read_text()
+        assert logged_steps(run_dir) == list(range(1, total + 1))
     finally:
-        # the cluster this test started, by its temp dir (`ray stop` would stop every Ray on the machine)
+        # the cluster this test started, by its temp dirs (`ray stop` would stop every Ray on the machine)
+        _kill_ray_processes(worker_temp_dir)
         _kill_ray_processes(temp_dir)

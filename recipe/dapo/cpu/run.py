@@ -107,8 +107,10 @@ def main(overrides: list[str]) -> int:
         code = child.wait()
     except KeyboardInterrupt:  # Ctrl-C reaches both processes: main_dapo says it in one line, then exits 130
         code = child.wait()
+    if code != 0:
+        return code  # main_dapo's own line (stopped, refused, interrupted) stays the last one printed
     print(
-        f"verl-cpu: exit {code}\n"
+        f"verl-cpu: done\n"
         f"  metrics (one JSON line per step): {env['VERL_FILE_LOGGER_PATH']}\n"
         f"  W&B offline run: {env['WANDB_DIR']}/wandb (wandb sync <run dir> to upload)\n"
         f"  checkpoints: {out}/global_step_*",
