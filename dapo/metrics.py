@@ -39,6 +39,9 @@ METRIC_DOCS: dict[str, str] = {
     "response_length/mean": "mean response length in tokens; grows as reasoning lengthens in long-CoT training",
     "response_length/max": "longest response in the batch",
     "response_length/min": "shortest response in the batch",
+    "prompt_length/mean": "mean prompt length in tokens (chat template included) over the trained responses",
+    "prompt_length/max": "longest trained prompt in tokens; at most data.max_prompt_length",
+    "prompt_length/min": "shortest trained prompt in tokens",
     "response_length/clip_ratio": "fraction of responses cut at max_response_length (truncated, no EOS); rising means "
     "the length budget binds",
     "dapo/overlong_frac": "fraction of trained responses that were truncated (masked out of the loss by overlong "

@@ -611,8 +611,12 @@ def _collate(groups: list[dict], pad_id: int) -> dict:
 def _batch_metrics(batch: dict) -> dict[str, float]:
     mask = batch["response_mask"].bool()
     valid_adv = batch["advantages"][mask]
+    prompt_length = torch.tensor([float(len(ids)) for ids in batch["prompt_ids"]])  # [N], one per response row
     return {
         **response_length_metrics(batch["response_mask"], batch["truncated"]),
+        "prompt_length/mean": prompt_length.mean().item(),
+        "prompt_length/max": prompt_length.max().item(),
+        "prompt_length/min": prompt_length.min().item(),
         "critic/score/mean": batch["score"].mean().item(),
         "critic/rewards/mean": batch["reward"].mean().item(),
         "critic/advantages/mean": valid_adv.mean().item(),

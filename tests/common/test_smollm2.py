@@ -192,3 +192,50 @@ def test_a_response_the_model_ends_at_the_budget_is_not_truncated(assets):
     assert int(mask_at[ended[0]].sum()) == length and not truncated_at[ended[0]]
     _, _, truncated_short = run(length - 1)
     assert truncated_short[ended[0]]
+
+
+def _own_model_command() -> list[str]:
+    """The README's own-model quickstart, as written (its continuation lines joined)."""
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in readme.splitlines() if line.strip().startswith("dapo-train --config-name own_")]
+    assert len(lines) == 1, "the README shows one own-model quickstart command"
+    return shlex.split(re.sub(r"\s+#\s.*$", "", lines[0]))[1:]
+
+
+def test_the_own_model_quickstart_trains_as_written_on_long_prompts(assets, tmp_path, monkeypatch):
+    """The README's own-model command on the real model's folder with AIME 2024 (prompts of 60 to 300 tokens, far
+    past the default config's 32): only the three paths it marks as yours are replaced, and the sizes shrunk to two
+    short steps on a CPU (the preset's 2,048-token budget and 8 responses would take an hour here)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    aime = str(Path(__file__).resolve().parents[1] / "data" / "aime-2024.parquet")
+    paths = {"actor_rollout_ref.model.path": str(assets / "model"), "data.train_files": aime, "data.val_files": aime}
+    args = []
+    for word in _own_model_command():
+        key = word.split("=", 1)[0]
+        args.append(f"{key}={paths.pop(key)}" if key in paths else word)
+    assert paths == {}, f"the README's command no longer sets {sorted(paths)}"
+    small = {
+        "data.max_response_length": 24,
+        "data.train_batch_size": 2,
+        "data.gen_batch_size": 2,
+        "data.val_max_samples": 2,
+        "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.rollout.val_kwargs.n": 1,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "algorithm.filter_groups.enable": False,  # the unwarmed model solves no AIME problem: every group is uniform
+        "reward.reward_kwargs.overlong_buffer_cfg.len": 8,
+        "trainer.total_training_steps": 2,
+        "trainer.test_freq": 2,
+        "trainer.logger": "[console]",
+        "trainer.default_local_dir": str(tmp_path / "run"),
+        "embedded.progress_bar": False,
+    }
+    assert cli.main([*args, *[f"{k}={v}" for k, v in small.items()]]) == 0
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r["prompt_length/max"] > 32 for r in records[1:])  # the prompts the default config refuses
+    assert all(torch.isfinite(torch.tensor(r["actor/pg_loss"])) for r in records[1:])

@@ -107,7 +107,9 @@ def check(words: list[str], env: dict) -> str | None:
         args = words[1:] if program == "dapo-train" else words[3:]
         from recipe.cli import main
 
-        return None if main(["--cfg", "job", *args]) == 0 else "dapo-train --cfg job failed"
+        if not {"--cfg", "--print-config", "--help", "-h"} & set(args):
+            args = ["--cfg", "job", *args]  # composed, not run
+        return None if main(args) == 0 else f"dapo-train {line_of(args)} failed"
     if words[:3] == ["python", "-m", "recipe.dapo.main_dapo"]:
         return _compose_error("dapo_trainer", words[3:])
     if program == "make":
