@@ -38,7 +38,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -190,8 +189,9 @@ def generate(path: Path_, prompts, c, eos, pad, timing):
     )
 
 
-def update(path: Path_, batch, c, pad) -> tuple[float, float]:
-    """The train batch's mini-batches, each an AdamW step over micro-batches: (forward + backward, optimizer) s."""
+def update(path: Path_, batch, c, pad, layout: str = "auto") -> tuple[float, float]:
+    """The train batch's mini-batches, each an AdamW step over micro-batches: (forward + backward, optimizer) s.
+    ``layout``: ``shared_prompt_log_probs``'s (``auto`` is what the engine runs)."""
     from recipe.embedded.decode import shared_prompt_log_probs
 
     rows, ids, mask = batch
@@ -213,6 +213,7 @@ def update(path: Path_, batch, c, pad) -> tuple[float, float]:
                     pad_id=pad,
                     with_entropy=True,
                     chunked_head=path.fast,
+                    layout=layout,
                 )
             (-(log_prob * mask[sl, :width]).sum() / mask[m0 : m0 + mini].sum()).backward()
             fwd_bwd += time.perf_counter() - start
@@ -263,6 +264,14 @@ def vllm_generate(model_dir: str, prompts, c, eos, repeats: int) -> list[dict] |
 
 
 # ---------------------------------------------------------------------------------------------------- peak memory
+# a process of its own between the bench and the step: its children's peak is that one step's alone (the bench's
+# own RUSAGE_CHILDREN also holds the vLLM peer's and the other path's peaks)
+_PEAK_OF_CHILD = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
+
+
 def step_rss(config_name: str, overrides: list[str], fast: bool) -> float:
     """Peak RSS (GiB) of a fresh ``dapo-train`` process training one step on one path (model load included)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,12 +291,15 @@ def step_rss(config_name: str, overrides: list[str], fast: bool) -> float:
             "embedded.progress_bar=false",
             f"embedded.fast_path={str(fast).lower()}",
         ]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=3600)
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak <= before:
-        return float("nan")  # an earlier child peaked higher: this one's peak is not separable
-    return peak / 2**20  # KiB -> GiB
+        out = subprocess.run(
+            [sys.executable, "-c", _PEAK_OF_CHILD, *argv],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+    return int(out.stdout.split()[-1]) / 2**20  # KiB -> GiB
 
 
 # ---------------------------------------------------------------------------------------------------- the bench
@@ -343,8 +355,15 @@ def main() -> None:
             trained = c.data.train_batch_size * c.rollout.n
             rows = [q for q in prompts for _ in range(c.rollout.n)][:trained]
             fwd_bwd, opt = update(path, (rows, ids[:trained], mask[:trained]), c, pad)
+            # the engine's update in each of its two layouts, for the choice `auto` makes (decode.PACKED_MAX_LEN)
+            layouts = {}
+            if path.fast:
+                for layout in ("packed", "cache"):
+                    layouts[layout] = update(path, (rows, ids[:trained], mask[:trained]), c, pad, layout=layout)[0]
             if r == 0:
                 continue
+            for layout, seconds in layouts.items():
+                figures[path.name].setdefault(f"fwd_bwd_{layout}_s", []).append(seconds)
             tokens = int(mask.sum())
             for key, value in (
                 ("round_s", gen),
@@ -391,6 +410,10 @@ def main() -> None:
         f"medians of {args.repeats} alternating repeats, seconds"
     )
     print_table(["part", "plain", "engine", "plain / engine", "bound", "engine / bound"], table)
+    print(
+        f"the engine's fwd+bwd by layout: packed {e['fwd_bwd_packed_s']:.2f} s, cache {e['fwd_bwd_cache_s']:.2f} s "
+        f"(auto: {e['fwd_bwd_s']:.2f} s)"
+    )
     print(
         f"generated tokens/s: engine {e['tokens_per_s']:.0f}, plain {plain['tokens_per_s']:.0f} "
         f"({e['tokens_per_s'] / plain['tokens_per_s']:.2f}x)"

@@ -257,8 +257,9 @@ def _sample_chunk(logits, state, params, max_new_tokens, eos, pad_id, timing=Non
 
 
 # Longest packed row (prompt + the group's responses) run as one masked sequence; longer rows use the KV-cache
-# layout. Its attention grows as the square of the row; with the fp32 products of recipe.embedded.attention that is
-# under a tenth of a forward at SmolLM2's 600-token rows (8 responses of 104 tokens: 900).
+# layout. The packed row's attention grows as the square of the row: on the tiny model's rows (tens of tokens) packing
+# made the update 2.2x faster; on SmolLM2's (about 400 tokens: a prompt and 4 responses of about 70) the cache layout
+# was 1.14x faster with the fp32 products of recipe.embedded.attention too (python -m bench.bench_step, 2 cores).
 PACKED_MAX_LEN = 256
 # architectures whose logits are lm_head(last hidden state) and nothing after it (no scaling, no soft-capping): the
 # update takes log-probs from the hidden states in chunks (recipe.embedded.head); any other model through its logits
@@ -304,13 +305,13 @@ def shared_prompt_log_probs(
     response_ids, response_mask = response_ids.to(device), response_mask.to(device)
     lengths = response_mask.sum(-1)  # [N]
     structured = getattr(model.config, "_attn_implementation", None) == ATTENTION
-    if layout == "auto":  # packed: the CPU attention, or short rows and an attention that takes a 4-D mask
+    if layout == "auto":  # packed: short rows and an attention that takes a 4-D mask (the CPU attention does)
         fed = (lengths - 1).clamp(min=0)  # [N] tokens a response feeds to the packed row
         group = torch.repeat_interleave(torch.arange(len(unique), device=device), counts.to(device))  # [N]
         packed = torch.tensor([len(p) for p in unique], device=device).index_add_(0, group, fed)  # [U] row lengths
         longest = int(packed.max())
         maskable = getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager")
-        layout = "packed" if structured or (maskable and longest <= PACKED_MAX_LEN) else "cache"
+        layout = "packed" if (structured or maskable) and longest <= PACKED_MAX_LEN else "cache"
     chunked = chunked_head and type(model).__name__ in CHUNKED_HEAD_ARCHITECTURES
     forward = _Forward(model, hidden=chunked)
     if layout == "packed":

@@ -287,5 +287,9 @@ def test_auto_layout_packs_short_rows_and_caches_long_ones(monkeypatch):
     row = len(rows[0]) + 3 * 5
     assert model_calls(row) == 1  # fits: packed
     assert model_calls(row - 1) == 2  # one token too long: cache layout
+    from recipe.embedded.attention import use_cpu_attention
+
+    assert use_cpu_attention(model)  # the fast path's attention follows the same rule
+    assert model_calls(row) == 1 and model_calls(row - 1) == 2
     with pytest.raises(ValueError, match="'auto', 'packed' or 'cache'"):
         shared_prompt_log_probs(model, rows, response_ids, response_mask, temperature=1.0, pad_id=PAD, layout="flat")
