@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from recipe.embedded.attention import use_cpu_attention
 from recipe.embedded.config import ConfigError, EngineConfig
 from recipe.embedded.fused_decoder import FusedDecoder, unsupported_reason
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class Policy:
@@ -33,6 +36,7 @@ class Policy:
     autocast_dtype: torch.dtype | None  # bf16 compute over fp32 weights (a GPU, or a CPU with native bf16)
     fast_path: bool = False  # embedded.fast_path: sample with the fused decoder where the model is supported
     _sampler: torch.nn.Module | FusedDecoder | None = field(default=None, repr=False)
+    _said_fallback: bool = field(default=False, repr=False)  # the fast path's fallback is said once
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -46,9 +50,14 @@ class Policy:
         :meth:`sync_sampler`."""
         if self._sampler is None:
             dtype = self.autocast_dtype or next(self.model.parameters()).dtype
-            if self.fast_path and unsupported_reason(self.model) is None:
+            reason = unsupported_reason(self.model) if self.fast_path else None
+            if self.fast_path and reason is None:
                 self._sampler = FusedDecoder(self.model, dtype)
-            elif self.autocast_dtype is not None:
+                return self._sampler
+            if reason is not None and not self._said_fallback:
+                self._said_fallback = True
+                logger.warning("embedded.fast_path: sampling with the model's own forward (slower): %s", reason)
+            if self.autocast_dtype is not None:
                 self._sampler = low_precision_copy(self.model, self.autocast_dtype)
             else:
                 return self.model

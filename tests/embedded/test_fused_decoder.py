@@ -171,6 +171,19 @@ def test_the_sampler_is_the_fused_decoder_on_the_fast_path():
     assert not isinstance(policy(torch.bfloat16, False).sampler(), FusedDecoder)
 
 
+def test_an_unsupported_model_samples_with_its_own_forward_and_says_why_once(caplog):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from recipe.embedded.policy import Policy
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    policy = Policy(gpt2, None, EOS, PAD, torch.device("cpu"), None, fast_path=True)
+    with caplog.at_level("WARNING", logger="recipe.embedded.policy"):
+        assert policy.sampler() is gpt2 and policy.sampler() is gpt2
+    said = [r.getMessage() for r in caplog.records if "embedded.fast_path" in r.getMessage()]
+    assert len(said) == 1 and "GPT2LMHeadModel is not one of LlamaForCausalLM, Qwen2ForCausalLM" in said[0], said
+
+
 def test_a_greedy_response_ends_on_its_end_token_on_both_paths(float64_end_to_end):
     """The loop around either path: a response ends on (and includes) its first end token."""
     model = qwen2(64, torch.float64)
