@@ -322,7 +322,7 @@ def _train(config: DictConfig, resumed, run_dir) -> None:
     fall_back_to_offline(select(config, "trainer.logger", []), run_dir or ".")
     # ---- training and cleanup: verl's V1 task runner under the watchdog; the trainer class comes from
     # trainer.v1.trainer_mode. The driver watches the trainer's heartbeat from a thread of its own.
-    watchdog.watch_from_driver(WatchdogSettings.from_config(OmegaConf.to_container(config, resolve=True)))
+    watched = watchdog.watch_from_driver(WatchdogSettings.from_config(OmegaConf.to_container(config, resolve=True)))
     from ray.exceptions import RayActorError, RayTaskError
 
     from recipe.common.rundir import WatchdogStopped
@@ -333,6 +333,8 @@ def _train(config: DictConfig, resumed, run_dir) -> None:
         if isinstance(err, RayTaskError):  # an error the TaskRunner raised (Ray's RayTaskError(X) is also an X)
             raise
         raise WatchdogStopped(watchdog.trainer_died_line(err, run_dir or ".")) from None
+    finally:
+        watched.set()  # training returned (or raised): the driver's watch ends with it
 
 
 PROG = "main_dapo"

@@ -247,15 +247,16 @@ class ActorProbe:
 
 
 # ---------------------------------------------------------------------------------------------------- the driver
-def watch_from_driver(settings: WatchdogSettings, *, prog: str = "main_dapo") -> threading.Thread | None:
+def watch_from_driver(settings: WatchdogSettings, *, prog: str = "main_dapo") -> threading.Event:
     """A daemon thread in the driver: waits for Ray and the trainer's heartbeat, then ends the driver with the line
     (exit :data:`EXIT_WATCHDOG`) on a recorded failure, on a heartbeat that stopped moving, or when the trainer never
-    started within ``first_step_timeout_s``."""
-    if not settings.enable:
-        return None
-    thread = threading.Thread(target=_watch, args=(settings, prog), name="dapo-driver-watchdog", daemon=True)
-    thread.start()
-    return thread
+    started within ``first_step_timeout_s``. Returns the event that ends the thread (set it when the training call
+    returns: a driver that goes on, as a test in one process does, must not be ended later by a watch it left)."""
+    done = threading.Event()
+    if settings.enable:
+        thread = threading.Thread(target=_watch, args=(settings, prog, done), name="dapo-driver-watchdog", daemon=True)
+        thread.start()
+    return done
 
 
 _driver_seen: dict = {}  # the trainer's last heartbeat the driver read (step, phase), for a line after it died
@@ -280,14 +281,17 @@ def _stop_driver(prog: str, line: str) -> None:
     os._exit(EXIT_WATCHDOG)
 
 
-def _watch(settings: WatchdogSettings, prog: str) -> None:
+def _watch(settings: WatchdogSettings, prog: str, done: threading.Event | None = None) -> None:
     from ray.exceptions import GetTimeoutError, RayActorError
 
+    done = done or threading.Event()
     interval = settings.probe_interval_s
     start = time.monotonic()
     startup = settings.first_step_timeout_s
     heartbeat = None
     while heartbeat is None:
+        if done.is_set():
+            return
         if ray.is_initialized():
             try:
                 heartbeat = ray.get_actor(HEARTBEAT)
@@ -302,10 +306,11 @@ def _watch(settings: WatchdogSettings, prog: str) -> None:
                 "the cluster's resources, `ray status`), or it hung before training; rerun the same command once "
                 "fixed",
             )
-        time.sleep(min(interval, 2.0))
+        done.wait(min(interval, 2.0))
     ticks, moved, bound, last = None, time.monotonic(), startup, None
     while True:
-        time.sleep(interval)
+        if done.wait(interval):
+            return
         try:
             state = ray.get(heartbeat.get.remote(), timeout=max(interval, 5.0))
         except GetTimeoutError:

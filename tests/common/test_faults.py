@@ -571,6 +571,12 @@ def test_without_dynamic_sampling_the_verl_round_is_the_train_batch(tmp_path, mo
     run_dapo(config)
     assert seen == {"gen": 4}
     assert "data.gen_batch_size=8 is set to 4" in capsys.readouterr().out
+    # the driver's watch ends with the training call: none is left to end this process later
+    import threading
+
+    for thread in [t for t in threading.enumerate() if t.name == "dapo-driver-watchdog"]:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "the driver's watchdog thread outlived run_dapo"
 
 
 # ------------------------------------------------------------------------------------------------ the last line
