@@ -208,7 +208,7 @@ def test_the_health_probe_names_a_dead_engine_at_once_and_a_gone_server_on_the_s
 def local_ray():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

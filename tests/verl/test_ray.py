@@ -42,7 +42,9 @@ def ray_tq():
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False
+    )  # a new one, never a cluster left by another test
     try:
         yield
     finally:
