@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -167,3 +169,30 @@ def interruptible() -> None:
     in a terminal has it. A suite started in the background by a shell without job control (``make test &`` in a
     script, ``nohup``) has SIGINT ignored, and every process it starts would inherit that and never see Ctrl-C."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# Ray's settings for every Ray a test starts in the pytest process. Ray's C++ core keeps the token-auth mode of the
+# first session a process starts: a later session in another mode has its driver refuse the GCS's calls ("Missing
+# authorization header"), and the GCS then takes the driver's actor handles for released and destroys each new
+# actor before it runs (how test_watchdog's Ray, with auth on, killed test_ray's TransferQueue controller).
+IN_PROCESS_RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@contextlib.contextmanager
+def local_ray(**init_kwargs):
+    """A Ray of the pytest process's own (``ray.init(address="local")``: never a cluster another test left), with
+    the settings of :data:`IN_PROCESS_RAY_ENV`, shut down and the environment restored on exit."""
+    import ray
+
+    saved = {key: os.environ.get(key) for key in IN_PROCESS_RAY_ENV}
+    os.environ.update(IN_PROCESS_RAY_ENV)
+    try:
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, **init_kwargs)
+        yield ray
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -11,6 +11,7 @@ from recipe.common.rundir import RunStopped, WatchdogStopped, carried_error, rec
 from recipe.common.watchdog import Watchdog, WatchdogSettings, latest_checkpoint_step, resume_advice
 from recipe.config import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_STOPPED, EXIT_WATCHDOG, finish
 from recipe.embedded.config import ConfigError
+from tests.conftest import local_ray
 
 
 class Clock:
@@ -205,32 +206,29 @@ def test_the_health_probe_names_a_dead_engine_at_once_and_a_gone_server_on_the_s
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def in_process_ray():
+    with local_ray(num_cpus=2) as ray:
+        yield ray
 
 
-def test_the_actor_probe_names_a_dead_worker_and_waits_on_a_busy_one(local_ray):
+def test_the_actor_probe_names_a_dead_worker_and_waits_on_a_busy_one(in_process_ray):
     import time
 
     from recipe.dapo.watchdog import ActorProbe
 
-    @local_ray.remote(num_cpus=0)
+    @in_process_ray.remote(num_cpus=0)
     class Worker:
         def busy(self, seconds):
             time.sleep(seconds)
 
     alive, busy, doomed = Worker.remote(), Worker.options(max_concurrency=1).remote(), Worker.remote()
-    local_ray.get([w.__ray_ready__.remote() for w in (alive, busy, doomed)])
+    in_process_ray.get([w.__ray_ready__.remote() for w in (alive, busy, doomed)])
     busy.busy.remote(30)  # its ping queues behind this call: busy, not dead
     probe = ActorProbe([("reward worker 0", alive), ("FSDP actor rank 0", busy), ("agent-loop worker 1", doomed)])
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and len(probe.pending) < 3:
         assert probe() is None
-    local_ray.kill(doomed)
+    in_process_ray.kill(doomed)
     found = None
     while found is None and time.monotonic() < deadline:
         found = probe()
@@ -239,7 +237,7 @@ def test_the_actor_probe_names_a_dead_worker_and_waits_on_a_busy_one(local_ray):
     assert 1 in probe.pending  # the busy worker's ping is still in flight, and no finding
 
 
-def test_the_driver_ends_on_a_recorded_failure_and_on_a_heartbeat_that_stopped(local_ray, monkeypatch):
+def test_the_driver_ends_on_a_recorded_failure_and_on_a_heartbeat_that_stopped(in_process_ray, monkeypatch):
     """The driver's backstop (``recipe.dapo.watchdog._watch``) against a real ``Heartbeat`` actor: the line the
     trainer's watchdog recorded, or, when the trainer process stopped answering, a line saying so; and the trainer
     that never started. The process exit is replaced by recording the line (the one thing not run for real)."""
@@ -272,7 +270,7 @@ def test_the_driver_ends_on_a_recorded_failure_and_on_a_heartbeat_that_stopped(l
     with pytest.raises(Stop):
         watchdog._watch(settings, "main_dapo")
     assert lines[-1] == "main_dapo: stopped: step 4: reward worker 0 died (ActorDiedError); rerun the same command"
-    local_ray.kill(heartbeat)
+    in_process_ray.kill(heartbeat)
 
 
 def test_an_error_from_a_dead_worker_in_the_trainer_becomes_the_watchdogs_line():

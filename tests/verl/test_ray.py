@@ -29,6 +29,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 from dapo.settings import OverlongSettings, eos_token_ids  # noqa: E402
 from recipe.dapo.sampler import DAPOReplayBuffer  # noqa: E402
 from recipe.dapo.trainer import DAPOTrainer, apply_overlong_filter  # noqa: E402
+from tests.conftest import local_ray  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,24 +40,11 @@ PARTITION = "train"
 @pytest.fixture(scope="module")
 def ray_tq():
     """A local Ray with 2 CPUs (token auth off for the test), then the TransferQueue on it."""
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(
-        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False
-    )  # a new one, never a cluster left by another test
-    try:
-        yield
-    finally:
+    with local_ray(num_cpus=2):
         try:
-            tq.close()
+            yield
         finally:
-            ray.shutdown()
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            tq.close()
 
 
 @pytest.fixture(scope="module")
