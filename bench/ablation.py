@@ -33,7 +33,7 @@ Figures, per row, over seeds (seeds are paired: seed s of every row starts from 
 prompt order with the same sampling seed):
   val acc            held-out validation accuracy (mean@k, ``rollout.val_kwargs``) at the last step: mean ± std
   vs row above       the mean of the per-seed differences to the row before and its 95% t-interval over seeds
-                     (t quantile from scipy when installed, else the table ``T_975``)
+                     (t quantile from scipy when installed, else the table ``bench.common.T_975``)
   steps to target    first validation step at or above the target accuracy: the median over seeds, a seed that
                      never reaches it counting as never (so "-" when most seeds do not)
   responses to tgt   responses generated up to that step (dynamic sampling generates more per step): median
@@ -74,7 +74,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from bench.common import parser, print_table, write_json
+from bench.common import mean_interval, parser, print_table, t_quantile_975, write_json
 
 CONFIG_NAME = "ablation_long"  # --config-name ablation: the shorter 3-digit setting it composes
 ACTOR = "actor_rollout_ref.actor"
@@ -445,45 +445,6 @@ def summarise(results: dict[str, list[list[dict]]], target: float | None, train_
 
 # ---------------------------------------------------------------------------------------------------- statistics
 
-# Student's t quantile t_{0.975, df}, for when scipy is not installed (df beyond the table: the next lower entry, a
-# slightly wider interval). Values from any t table; tests check them against scipy where it is installed.
-T_975 = {
-    1: 12.7062,
-    2: 4.3027,
-    3: 3.1824,
-    4: 2.7764,
-    5: 2.5706,
-    6: 2.4469,
-    7: 2.3646,
-    8: 2.3060,
-    9: 2.2622,
-    10: 2.2281,
-    11: 2.2010,
-    12: 2.1788,
-    13: 2.1604,
-    14: 2.1448,
-    15: 2.1314,
-    16: 2.1199,
-    17: 2.1098,
-    18: 2.1009,
-    19: 2.0930,
-    20: 2.0860,
-    25: 2.0595,
-    30: 2.0423,
-    40: 2.0211,
-    60: 2.0003,
-    120: 1.9799,
-}
-
-
-def t_quantile_975(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (two-sided 95%)."""
-    try:
-        from scipy.stats import t
-    except ImportError:
-        return T_975[max(k for k in T_975 if k <= df)]
-    return float(t.ppf(0.975, df))
-
 
 def paired_interval(after: list[float | None], before: list[float | None]) -> dict:
     """Mean of the per-seed differences ``after - before`` and its 95% t-interval over seeds:
@@ -496,11 +457,8 @@ def paired_interval(after: list[float | None], before: list[float | None]) -> di
     ]
     if not diffs:
         return {"mean": None, "low": None, "high": None, "seeds": 0}
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return {"mean": mean, "low": None, "high": None, "seeds": 1}
-    half = t_quantile_975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return {"mean": mean, "low": mean - half, "high": mean + half, "seeds": len(diffs)}
+    mean, low, high = mean_interval(diffs, t_quantile_975)
+    return {"mean": mean, "low": low, "high": high, "seeds": len(diffs)}
 
 
 def direction(interval: dict, sign: int) -> str:

@@ -1,9 +1,11 @@
-"""Shared bench plumbing: interleaved timing, a readable table, the --json writer."""
+"""Shared bench plumbing: interleaved timing, a readable table, the --json writer, and the one interval function
+(:func:`interval`, the quantile a parameter) every 95% interval in the benches is computed with."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -48,3 +50,70 @@ def write_json(path: Path | None, figures: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
         print(f"figures written to {path}")
+
+
+# ---------------------------------------------------------------------------------------------------- intervals
+
+Z_975 = statistics.NormalDist().inv_cdf(0.975)  # 1.95996: the normal's two-sided 95% quantile
+
+# Student's t quantile t_{0.975, df}, for when scipy is not installed (df beyond the table: the next lower entry, a
+# slightly wider interval). Values from any t table; tests check them against scipy where it is installed.
+T_975 = {
+    1: 12.7062,
+    2: 4.3027,
+    3: 3.1824,
+    4: 2.7764,
+    5: 2.5706,
+    6: 2.4469,
+    7: 2.3646,
+    8: 2.3060,
+    9: 2.2622,
+    10: 2.2281,
+    11: 2.2010,
+    12: 2.1788,
+    13: 2.1604,
+    14: 2.1448,
+    15: 2.1314,
+    16: 2.1199,
+    17: 2.1098,
+    18: 2.1009,
+    19: 2.0930,
+    20: 2.0860,
+    25: 2.0595,
+    30: 2.0423,
+    40: 2.0211,
+    60: 2.0003,
+    120: 1.9799,
+}
+
+
+def t_quantile_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (two-sided 95%)."""
+    try:
+        from scipy.stats import t
+    except ImportError:
+        return T_975[max(k for k in T_975 if k <= df)]
+    return float(t.ppf(0.975, df))
+
+
+def z_quantile_975(df: int | None = None) -> float:
+    """The normal's 0.975 quantile, whatever ``df`` (the large-sample choice where many values are averaged)."""
+    return Z_975
+
+
+def interval(estimate: float, se: float, quantile: float) -> tuple[float, float, float]:
+    """``estimate`` and its two-sided interval ``estimate ± quantile x se``: the one interval of the benches (a
+    95% interval: ``quantile`` :data:`Z_975` or :func:`t_quantile_975` of the degrees of freedom)."""
+    return estimate, estimate - quantile * se, estimate + quantile * se
+
+
+def mean_interval(
+    values: list[float], quantile: Callable[[int], float] = t_quantile_975
+) -> tuple[float, float | None, float | None]:
+    """The mean of ``values`` and its interval, ``quantile(n - 1) x sd / sqrt(n)`` either side (sd with n - 1);
+    with fewer than two values the bounds are undefined (None)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return mean, None, None
+    return interval(mean, statistics.stdev(values) / math.sqrt(n), quantile(n - 1))

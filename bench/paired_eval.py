@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.common import print_table, write_json
+from bench.common import mean_interval, print_table, write_json, z_quantile_975
 
 
 def resolve_model(directory: Path, label: str, out: Path) -> Path:
@@ -93,14 +92,6 @@ def per_problem(responses: Path) -> dict[tuple[str, str], float]:
     return {key: sum(accs) / len(accs) for key, accs in answers.items()}
 
 
-def mean_interval(values: list[float]) -> tuple[float, float, float]:
-    """The mean of ``values`` and its 95% interval (normal approximation: 1.96 standard errors of the mean)."""
-    n = len(values)
-    mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("inf")
-    return mean, mean - 1.96 * sd / math.sqrt(n), mean + 1.96 * sd / math.sqrt(n)
-
-
 def paired_change(base: dict, other: dict) -> tuple[float, float, float]:
     """``other`` minus ``base``, problem by problem, and its 95% interval over the problems."""
     if base.keys() != other.keys():
@@ -108,7 +99,12 @@ def paired_change(base: dict, other: dict) -> tuple[float, float, float]:
             f"the two evaluations answered different problems ({len(base.keys() ^ other.keys())} differ): "
             "evaluate both with the same data.val_files and data.val_max_samples"
         )
-    return mean_interval([other[key] - base[key] for key in base])
+    return mean_interval([other[key] - base[key] for key in base], z_quantile_975)
+
+
+def _with_interval(value: float, low: float | None, high: float | None, spec: str) -> str:
+    """``value [low, high]``, or the value alone where one problem leaves the interval undefined."""
+    return format(value, spec) + ("" if low is None else f" [{low:{spec}}, {high:{spec}}]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,16 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     base_label = models[0][0]
     rows, summary = [], {}
     for label, directory in models:
-        acc, low, high = mean_interval(list(accuracy[label].values()))
+        acc, low, high = mean_interval(list(accuracy[label].values()), z_quantile_975)
         entry = {"model": directory, "problems": len(accuracy[label]), "k": args.k, "acc": acc}
         entry.update(acc_low=low, acc_high=high)
         change = ""
         if label != base_label:
             diff, dlow, dhigh = paired_change(accuracy[base_label], accuracy[label])
             entry.update(change=diff, change_low=dlow, change_high=dhigh)
-            change = f"{diff:+.3f} [{dlow:+.3f}, {dhigh:+.3f}]"
+            change = _with_interval(diff, dlow, dhigh, "+.3f")
         summary[label] = entry
-        rows.append([label, f"{acc:.3f} [{low:.3f}, {high:.3f}]", change])
+        rows.append([label, _with_interval(acc, low, high, ".3f"), change])
     print_table(["model", f"avg@{args.k} [95%]", f"change from {base_label}, paired [95%]"], rows)
     write_json(args.json or args.out / "summary.json", summary)
     return 0

@@ -23,7 +23,7 @@ import math
 import sys
 from pathlib import Path
 
-from bench.common import print_table, write_json
+from bench.common import Z_975, interval, print_table, write_json
 
 RUNS = {
     "embedded": Path("runs/dapo-embedded/smollm2-word-problems"),
@@ -68,8 +68,7 @@ def series(steps: dict[int, dict], name: str) -> list[tuple[int, float]]:
 def rise_interval(first: float, last: float, n: int) -> tuple[float, float, float]:
     """The rise ``last - first`` of two accuracies over ``n`` problems and its 95% interval (normal approximation,
     the two samples taken as independent)."""
-    se = math.sqrt(first * (1 - first) / n + last * (1 - last) / n)
-    return last - first, last - first - 1.96 * se, last - first + 1.96 * se
+    return interval(last - first, math.sqrt(first * (1 - first) / n + last * (1 - last) / n), Z_975)
 
 
 def missing_from_wandb(run_dir: Path, steps: dict[int, dict]) -> list[str] | None:

@@ -8,7 +8,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from bench import ablation
+from bench import ablation, common
 from recipe.config import compose
 from recipe.embedded.config import read_config
 from tests.conftest import prompt_lengths
@@ -143,7 +143,7 @@ def test_summary_figures_by_hand():
 def test_paired_interval_by_hand():
     # differences 0.1, 0.2, 0.3: mean 0.2, sd sqrt((0.01 + 0 + 0.01) / 2) = 0.1, se 0.1 / sqrt(3) = 0.057735,
     # t(0.975, 2) = 4.3027: half-width 0.24842, so [-0.04842, 0.44842] includes 0
-    # abs=1e-4 below: the t quantiles are tabulated to 4 decimals (ablation.T_975), so the bounds are exact to 1e-4
+    # abs=1e-4 below: the t quantiles are tabulated to 4 decimals (common.T_975), so the bounds are exact to 1e-4
     three = ablation.paired_interval([0.5, 0.6, 0.7], [0.4, 0.4, 0.4])
     assert three["mean"] == pytest.approx(0.2) and three["seeds"] == 3
     assert three["low"] == pytest.approx(-0.04842, abs=1e-4) and three["high"] == pytest.approx(0.44842, abs=1e-4)
@@ -168,15 +168,15 @@ def test_paired_interval_by_hand():
 
 
 def test_t_quantiles():
-    assert ablation.T_975[4] == 2.7764 and ablation.T_975[1] == 12.7062
-    values = [ablation.T_975[k] for k in sorted(ablation.T_975)]
+    assert common.T_975[4] == 2.7764 and common.T_975[1] == 12.7062
+    values = [common.T_975[k] for k in sorted(common.T_975)]
     assert values == sorted(values, reverse=True) and values[-1] > 1.96  # falls toward the normal's 1.96
     try:
         from scipy.stats import t
     except ImportError:  # the table is what runs: past it, the next lower df's (wider) value
-        assert ablation.t_quantile_975(4) == 2.7764 and ablation.t_quantile_975(27) == ablation.T_975[25]
+        assert common.t_quantile_975(4) == 2.7764 and common.t_quantile_975(27) == common.T_975[25]
     else:
-        for df, value in ablation.T_975.items():
+        for df, value in common.T_975.items():
             assert t.ppf(0.975, df) == pytest.approx(value, abs=1e-4)  # the table holds 4 decimals
 
 

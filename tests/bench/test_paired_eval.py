@@ -42,9 +42,10 @@ def test_per_problem_accuracy_and_the_paired_interval(tmp_path):
     assert a == {("p1", "3"): 0.5, ("p2", "4"): 0.0} and b == {("p1", "3"): 1.0, ("p2", "4"): 0.5}
     # differences 0.5 and 0.5: mean 0.5, sd 0, so the interval is the point
     assert paired_eval.paired_change(a, b) == (0.5, 0.5, 0.5)
-    mean, low, high = paired_eval.mean_interval([0.0, 1.0, 1.0, 0.0])
-    half = 1.96 * math.sqrt(1 / 3) / 2  # sd of 0, 1, 1, 0 (n - 1) is sqrt(1/3); over sqrt(4)
-    assert (mean, low, high) == pytest.approx((0.5, 0.5 - half, 0.5 + half), rel=0, abs=1e-12)
+    mean, low, high = paired_eval.mean_interval([0.0, 1.0, 1.0, 0.0], paired_eval.z_quantile_975)
+    half = 1.959964 * math.sqrt(1 / 3) / 2  # sd of 0, 1, 1, 0 (n - 1) is sqrt(1/3); over sqrt(4)
+    assert (mean, low, high) == pytest.approx((0.5, 0.5 - half, 0.5 + half), rel=0, abs=1e-6)
+    assert paired_eval.mean_interval([0.25], paired_eval.z_quantile_975) == (0.25, None, None)  # one problem
     with pytest.raises(SystemExit, match="answered different problems"):
         paired_eval.paired_change(a, {("p1", "3"): 1.0})
 
