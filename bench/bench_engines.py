@@ -26,16 +26,13 @@ Run: python -m bench.bench_engines [--real-model] [--steps N] [--json PATH]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench.common import print_table, write_json
+from bench.common import print_table, read_steps, run_timed, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 VERL_PY = REPO / ".venv-verl-cpu" / "bin" / "python"
@@ -72,23 +69,6 @@ def shared_overrides(steps: int, real_model: bool = False) -> list[str]:
     ]
 
 
-def _run(command: list[str], env: dict, metrics_path: Path, log_path: Path) -> tuple[float, float | None]:
-    """Run to the end; returns (wall seconds, seconds until the first training step's metrics appeared)."""
-    start = time.monotonic()
-    first_step = None
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            if first_step is None and metrics_path.is_file():
-                steps = [json.loads(line)["step"] for line in metrics_path.read_text().splitlines() if line.strip()]
-                if any(s >= 1 for s in steps):
-                    first_step = time.monotonic() - start
-            time.sleep(0.5)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{command[:3]} exited {proc.returncode}; see {log_path}")
-    return time.monotonic() - start, first_step
-
-
 def verl_run(
     steps: int, out: Path, real_model: bool = False, name: str = "verl", extra: tuple[str, ...] = ()
 ) -> tuple[dict[int, dict], float, float | None]:
@@ -109,12 +89,8 @@ def verl_run(
         f"trainer.default_local_dir={run_dir}",
         "trainer.logger=[console,file]",
     ]
-    wall, startup = _run(cmd, env, run_dir / "m.jsonl", out / f"{name}.log")
-    records: dict[int, dict] = {}
-    for line in (run_dir / "m.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        records.setdefault(int(r["step"]), {}).update(r["data"])
-    return records, wall, startup
+    wall, startup = run_timed(cmd, env, run_dir / "m.jsonl", out / f"{name}.log", cwd=REPO)
+    return read_steps(run_dir / "m.jsonl"), wall, startup
 
 
 def run_verl(steps: int, out: Path, real_model: bool = False) -> dict:
@@ -134,12 +110,8 @@ def run_embedded(steps: int, out: Path, real_model: bool = False) -> dict:
         "trainer.logger=[console]",
         "embedded.progress_bar=false",
     ]
-    wall, startup = _run(cmd, env, run_dir / "metrics.jsonl", out / "embedded.log")
-    records: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        records.setdefault(r.pop("step"), {}).update(r)
-    return _figures(records, steps, wall, startup)
+    wall, startup = run_timed(cmd, env, run_dir / "metrics.jsonl", out / "embedded.log", cwd=REPO)
+    return _figures(read_steps(run_dir), steps, wall, startup)
 
 
 def _figures(records: dict[int, dict], steps: int, wall: float, startup: float | None) -> dict:

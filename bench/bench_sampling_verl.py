@@ -34,7 +34,6 @@ The interpreter is ``--verl-python``, else ``$DAPO_VERL_CPU_PYTHON``, else ``.ve
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -42,8 +41,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_engines import REPO, VAL_KEY_VERL, _run, shared_overrides
-from bench.common import parser, print_table, write_json
+from bench.bench_engines import REPO, VAL_KEY_VERL, shared_overrides
+from bench.common import parser, print_table, read_steps, run_timed, write_json
 
 DEFAULT_STEPS = 6
 TRAIN_BATCH_SIZE = 4  # data.train_batch_size of shared_overrides
@@ -96,16 +95,6 @@ def contender_overrides(name: str, steps: int, run_dir: Path) -> list[str]:
     ]
 
 
-def read_records(metrics_path: Path) -> dict[int, dict]:
-    """verl's file logger: one ``{"step": s, "data": {...}}`` line per log call, merged per step."""
-    records: dict[int, dict] = {}
-    for line in metrics_path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            records.setdefault(r["step"], {}).update(r["data"])
-    return records
-
-
 def summarize(records: dict[int, dict], steps: int, train_batch_size: int) -> dict:
     """The figures of one run from its per-step metrics (see the module docstring)."""
     train = [records.get(s, {}) for s in range(1, steps + 1)]
@@ -155,8 +144,8 @@ def run_contender(name: str, steps: int, python: Path, out: Path) -> dict:
     env.pop("RAY_ADDRESS", None)
     cmd = [str(python), "-m", "recipe.dapo.cpu.run", *contender_overrides(name, steps, run_dir)]
     print(f"--- {name}: {' '.join(cmd[3:])}", flush=True)
-    wall, _ = _run(cmd, env, metrics, out / f"{run_dir.name}.log")
-    return {**summarize(read_records(metrics), steps, TRAIN_BATCH_SIZE), "wall_s": wall}
+    wall, _ = run_timed(cmd, env, metrics, out / f"{run_dir.name}.log", cwd=REPO)
+    return {**summarize(read_steps(metrics), steps, TRAIN_BATCH_SIZE), "wall_s": wall}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,47 @@ def write_json(path: Path | None, figures: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
         print(f"figures written to {path}")
+
+
+# ---------------------------------------------------------------------------------------------------- a run's metrics
+
+
+def read_steps(path: Path) -> dict[int, dict]:
+    """``{step: metrics}`` from a ``metrics.jsonl`` of either engine (a run directory or the file itself): verl's
+    file logger writes ``{"step": s, "data": {...}}`` lines, the embedded engine flat ``{"step": s, name: value}``
+    lines; the lines of one step are merged, later ones winning."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: run the engine first (make train-smollm2 / make verl-cpu-smollm2)")
+    steps: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            data = record["data"] if "data" in record else {k: v for k, v in record.items() if k != "step"}
+            steps.setdefault(int(record["step"]), {}).update(data)
+    return steps
+
+
+def run_timed(
+    command: list[str], env: dict, metrics_path: Path, log_path: Path, *, cwd: Path
+) -> tuple[float, float | None]:
+    """Run an engine's command to its end, its output in ``log_path``; returns (wall seconds, seconds until the
+    first training step's metrics appeared in ``metrics_path``)."""
+    start = time.monotonic()
+    first_step = None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if first_step is None and metrics_path.is_file():
+                steps = [json.loads(line)["step"] for line in metrics_path.read_text().splitlines() if line.strip()]
+                if any(s >= 1 for s in steps):
+                    first_step = time.monotonic() - start
+            time.sleep(0.5)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{command[:3]} exited {proc.returncode}; see {log_path}")
+    return time.monotonic() - start, first_step
 
 
 # ---------------------------------------------------------------------------------------------------- intervals

@@ -18,12 +18,11 @@ does not exist is left out. ``--run`` names any runs instead (for example one en
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
-from bench.common import Z_975, interval, print_table, write_json
+from bench.common import Z_975, interval, print_table, read_steps, write_json
 
 RUNS = {
     "embedded": Path("runs/dapo-embedded/smollm2-word-problems"),
@@ -38,20 +37,6 @@ PANELS = [  # (title, [(metric, label)])
     ("clip fractions", [("actor/pg_clipfrac", "upper"), ("actor/pg_clipfrac_lower", "lower")]),
     ("kept-group fraction (dynamic sampling)", [("dapo/kept_group_frac", "")]),
 ]
-
-
-def read_steps(run_dir: Path) -> dict[int, dict]:
-    """``{step: metrics}`` from either engine's ``metrics.jsonl``; later lines of a step update earlier ones."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"{path} is missing: run the engine first (make train-smollm2 / make verl-cpu-smollm2)")
-    steps: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            data = record["data"] if "data" in record else {k: v for k, v in record.items() if k != "step"}
-            steps.setdefault(int(record["step"]), {}).update(data)
-    return steps
 
 
 def series(steps: dict[int, dict], name: str) -> list[tuple[int, float]]:

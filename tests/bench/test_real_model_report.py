@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import real_model
+from bench.common import read_steps
 
 VAL = "val-core/word_problems/acc/mean@1"
 
@@ -42,7 +43,7 @@ def runs(tmp_path):
 
 
 def test_both_formats_read_alike_and_a_repeated_step_is_merged(runs):
-    embedded, verl = (real_model.read_steps(r) for r in runs)
+    embedded, verl = (read_steps(r) for r in runs)
     assert real_model.series(embedded, real_model.VAL_PREFIX) == [(0, 0.5), (2, 0.6)]
     assert real_model.series(verl, real_model.VAL_PREFIX) == [(0, 0.5), (2, 0.55)]
     assert verl[2] == {"timing_s/step": 70.0, "actor/entropy": 0.25, VAL: 0.55}
@@ -76,12 +77,12 @@ def test_summary_table_and_figure(runs, tmp_path, capsys):
 
 def test_a_missing_run_names_the_command(tmp_path):
     with pytest.raises(SystemExit, match="make train-smollm2"):
-        real_model.read_steps(tmp_path / "nowhere")
+        read_steps(tmp_path / "nowhere")
 
 
 def test_the_wandb_check_names_what_the_offline_run_lacks(runs):
     embedded, _ = runs
-    steps = real_model.read_steps(embedded)
+    steps = read_steps(embedded)
     assert real_model.missing_from_wandb(embedded, steps) is None  # no W&B run at all
     run_file = embedded / "wandb" / "offline-run-1" / "run-1.wandb"
     run_file.parent.mkdir(parents=True)

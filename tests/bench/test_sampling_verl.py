@@ -15,6 +15,7 @@ pytest.importorskip("verl")
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 
 from bench import bench_sampling_verl as bench  # noqa: E402
+from bench.common import read_steps  # noqa: E402
 from recipe.config import compose  # noqa: E402
 from recipe.dapo.main_dapo import check_dapo_config  # noqa: E402
 from recipe.dapo.sampler import DynamicSamplingSettings  # noqa: E402
@@ -124,7 +125,7 @@ def test_summary_of_our_sampler(tmp_path):
             {"step": 3, "data": {val: 0.5}},  # validation after the last step: a second line for the same step
         ],
     )
-    s = bench.summarize(bench.read_records(metrics), steps=3, train_batch_size=4)
+    s = bench.summarize(read_steps(metrics), steps=3, train_batch_size=4)
     assert s["gen_per_trained"] == (16 + 8 + 8) / (3 * 4)  # 2.667
     assert s["rounds_per_step"] == (2 + 1 + 1) / 3
     assert s["filtered_per_step"] == (5 + 1 + 4) / 3
@@ -151,7 +152,7 @@ def test_summary_of_verls_filter_counts_every_generated_group(tmp_path):
             },  # nothing filtered
         ],
     )
-    s = bench.summarize(bench.read_records(metrics), steps=2, train_batch_size=4)
+    s = bench.summarize(read_steps(metrics), steps=2, train_batch_size=4)
     assert s["gen_per_trained"] == (2 * 4 + 6 + 2 + 1) / (2 * 4)  # trained + evicted + surplus + failed = 17 / 8
     assert s["rounds_per_step"] is None  # verl logs no count of its refill dispatches
     assert (s["filtered_per_step"], s["surplus_per_step"]) == (3, 1)
@@ -167,14 +168,14 @@ def test_step_time_mean_counts_the_extra_rounds_the_median_hides(tmp_path):
             for s, t in enumerate(times, start=1)
         ],
     )
-    s = bench.summarize(bench.read_records(metrics), steps=4, train_batch_size=4)
+    s = bench.summarize(read_steps(metrics), steps=4, train_batch_size=4)
     assert s["step_s"] == (2.0 + 2.0 + 8.0) / 3 and s["step_s_median"] == 2.0
 
 
 def test_summary_refuses_a_run_that_ended_early(tmp_path):
     metrics = _write(tmp_path / "m.jsonl", [{"step": 1, "data": {"timing_s/step": 2.0}}])
     with pytest.raises(RuntimeError, match=r"steps \[2\]"):
-        bench.summarize(bench.read_records(metrics), steps=2, train_batch_size=4)
+        bench.summarize(read_steps(metrics), steps=2, train_batch_size=4)
 
 
 def test_ratios_against_ours():
