@@ -52,11 +52,20 @@ PLOTS = {  # file name -> (title, [(y-axis label, metric names drawn), ...]: one
 }
 
 
+def metrics_line(step: int, metrics: dict) -> str:
+    """One line of ``metrics.jsonl`` in verl's format (its ``file`` logger, ``verl/utils/tracking.py``), so that
+    both engines' runs read the same: ``{"step": s, "data": {name: value, ...}}``."""
+    return json.dumps({"step": step, "data": metrics}, separators=(",", ":")) + "\n"  # compact, as orjson writes
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` in file order, each flat: ``{"step": s, name: value, ...}``. Lines
+    in the flat format an earlier version wrote are read as they are."""
     path = run_dir / METRICS_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{"step": r["step"], **r["data"]} if "data" in r else r for r in records]
 
 
 class Monitor:
@@ -78,7 +87,9 @@ class Monitor:
         self.run_dir = run_dir
         self.path = run_dir / METRICS_FILE
         kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= start_step] if start_step > 0 else []
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.path.write_text(
+            "".join(metrics_line(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in kept)
+        )
         self._wandb = None
         self.wandb_id = wandb_id
         self.wandb_dir: Path | None = None
@@ -133,9 +144,8 @@ class Monitor:
             self._wandb = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(metrics_line(step, {k: _plain(v) for k, v in metrics.items()}))
         if self._wandb is not None:
             try:
                 self._wandb.log(metrics, step=step)

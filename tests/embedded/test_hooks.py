@@ -3,12 +3,12 @@ keys it does not act on instead of ignoring them silently."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 from recipe.config import compose
 from recipe.embedded import trainer
 from recipe.embedded.config import IGNORED_VERL_KEYS, ignored_verl_keys
+from recipe.embedded.monitor import read_metrics
 
 
 class Recorder(trainer.Callback):
@@ -25,7 +25,7 @@ class Recorder(trainer.Callback):
 def test_callbacks_see_every_step_with_its_metrics(tiny_run, tmp_path):
     recorder = Recorder()
     run_dir = trainer.run(compose(tiny_run(tmp_path / "run")), callbacks=[recorder])
-    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = read_metrics(run_dir)
     losses = [r["actor/pg_loss"] for r in logged if "actor/pg_loss" in r]
     # two steps (tiny_run), each begun then ended, with the loss that metrics.jsonl records
     assert recorder.events == [("begin", 1), ("end", 1, losses[0]), ("begin", 2), ("end", 2, losses[1])]

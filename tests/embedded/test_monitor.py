@@ -10,7 +10,7 @@ import time
 import pytest
 
 from recipe.common.tracking import WANDB_CONNECT_TIMEOUT_S
-from recipe.embedded.monitor import Monitor, write_plots
+from recipe.embedded.monitor import Monitor, metrics_line, read_metrics, write_plots
 
 
 def _closed_port() -> int:
@@ -55,7 +55,7 @@ def test_unreachable_wandb_falls_back_to_offline_within_the_stated_wait(tmp_path
     assert "W&B is offline (http://127.0.0.1:" in out and "unreachable: ConnectionRefusedError" in out
     assert monitor.wandb_dir is not None and monitor.wandb_dir.name.startswith("offline-run-")
     assert elapsed < WANDB_CONNECT_TIMEOUT_S + 30  # a refused connection is immediate; wandb's offline start is not
-    assert json.loads((tmp_path / "metrics.jsonl").read_text())["critic/score/mean"] == 0.5
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 1, "data": {"critic/score/mean": 0.5}}
 
 
 def test_plots_label_both_axes_and_keep_score_and_accuracy_apart(tmp_path):
@@ -75,7 +75,8 @@ def test_plots_label_both_axes_and_keep_score_and_accuracy_apart(tmp_path):
         }
         for s in range(1, 4)
     ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = [metrics_line(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in records]
+    (tmp_path / "metrics.jsonl").write_text("".join(lines))
     figures = {p.name: f for p, f in write_plots(tmp_path, keep_figures=True).items()}
     for path, fig in figures.items():
         for ax in fig.axes:
@@ -96,3 +97,28 @@ def test_warm_up_shows_a_progress_bar(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "warm-up: 3 supervised steps" in captured.out and "warm-up: done" in captured.out
     assert "warm-up: 100%" in captured.err and "3/3" in captured.err
+
+
+def test_metrics_jsonl_has_verls_line_format_and_a_resume_keeps_the_steps_before_it(tmp_path, monkeypatch):
+    """Both engines write one format: the embedded engine's lines are byte for byte what verl's ``file`` logger
+    writes for the same step and values; a resume keeps the records up to its step, and flat lines an earlier
+    version wrote are still read."""
+    from verl.utils.tracking import FileLogger
+
+    values = [{"critic/score/mean": 0.5, "actor/entropy": 0.123456789, "dapo/kept_group_frac": 1.0}, {"x": -2.5}]
+    args = dict(loggers=["console"], project="p", experiment="e", config={}, total_steps=3, progress_bar=False)
+    monitor = Monitor(tmp_path, start_step=0, wandb_id=None, **args)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl.jsonl"))
+    verl = FileLogger("p", "e")
+    for step, metrics in enumerate(values, start=1):
+        monitor.log(step, metrics)
+        verl.log(metrics, step)
+    monitor.close()
+    verl.finish()
+    assert (tmp_path / "metrics.jsonl").read_bytes() == (tmp_path / "verl.jsonl").read_bytes()
+    assert read_metrics(tmp_path) == [{"step": 1, **values[0]}, {"step": 2, **values[1]}]
+
+    Monitor(tmp_path, start_step=1, wandb_id=None, **args).close()  # resumed at step 1: step 2's record dropped
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics_line(1, values[0])
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "x": 1.0}) + "\n")  # an earlier version's line
+    assert read_metrics(tmp_path) == [{"step": 1, "x": 1.0}]
