@@ -1,6 +1,6 @@
 """DAPO on verl 0.9.1's V1 trainer (Ray workers, vLLM rollout, FSDP actors).
 
-Everything plugs into verl through its own extension points; nothing of verl is copied:
+Everything plugs into verl through its own extension points:
 
 ==========================  ==========================================  ==============================================
 module                      verl extension point                        config key
@@ -17,6 +17,10 @@ module                      verl extension point                        config k
                             ``VERL_USE_EXTERNAL_MODULES``
 ``main_dapo``               verl's ``run_ppo`` + V1 ``TaskRunnerV1``    ``python -m recipe.dapo.main_dapo``
 ==========================  ==========================================  ==============================================
+
+Where no extension point exists, a checked runtime patch: all of verl's are in ``verl_patches``, all of vLLM's in
+``cpu.vllm_patches`` (each names its upstream target and version and checks it at start-up); one method,
+``DAPOTrainer._init_tokenizer``, overrides verl's with a copy of its body plus one line, and says so.
 
 The math lives in ``dapo/`` (pure torch); these modules only translate between verl's objects and it.
 Importing this package imports nothing of verl.

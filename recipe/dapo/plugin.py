@@ -15,8 +15,8 @@ It registers, each in verl's own registry:
 * the V1 trainers ``dapo``, ``dapo_colocate_async`` and ``dapo_separate_async`` (``trainer.v1.trainer_mode``), used
   by verl's TaskRunner;
 
-and makes verl's ``file`` logger append to the records a resumed run keeps (``recipe.dapo.resume``, a checked
-runtime patch of verl 0.9.1's ``FileLogger``).
+and makes verl's ``file`` logger append to the records a resumed run keeps (a checked runtime patch of verl
+0.9.1's ``FileLogger``, ``recipe.dapo.verl_patches``).
 
 verl swallows exceptions from entry points (they are logged at DEBUG level), so a failure is logged here as a
 warning that names the fix before it propagates.
@@ -28,7 +28,7 @@ import logging
 
 try:
     from recipe.dapo import policy_loss, reward_manager, trainer  # noqa: F401  (registration on import)
-    from recipe.dapo.resume import patch_file_logger_append
+    from recipe.dapo.verl_patches import patch_file_logger_append
 
     patch_file_logger_append()
 except Exception:

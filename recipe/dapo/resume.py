@@ -10,7 +10,8 @@ the restart (``verl/utils/tracking.py:FileLogger``). Here, as in the embedded en
   newest intact one (``trainer.resume_mode=resume_path``, ``trainer.resume_from_path``); a checkpoint whose step
   never reached ``metrics.jsonl`` (killed between verl's save and its log) is skipped the same way;
 - :func:`trim_metrics` keeps the records of the steps up to the resumed checkpoint and drops those a killed run
-  logged after it (they are trained and logged again), and :func:`patch_file_logger_append` makes verl's file
+  logged after it (they are trained and logged again), and
+  :func:`recipe.dapo.verl_patches.patch_file_logger_append` makes verl's file
   logger append to what is kept.
 
 What a resume keeps in each trainer mode is in ``docs/testing.md`` ("Resume").
@@ -18,7 +19,6 @@ What a resume keeps in each trainer mode is in ``docs/testing.md`` ("Resume").
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
@@ -152,38 +152,3 @@ def prepare_metrics(config: DictConfig, resumed: Path | None) -> None:
             )
     elif path is not None and path.is_file():
         path.unlink()  # resume_mode=disable starts over: so does its metrics file
-
-
-def patch_file_logger_append() -> None:
-    """Runtime patch of ``verl/utils/tracking.py:FileLogger.__init__`` (verl 0.9.1): open the metrics file with
-    ``"ab"`` instead of ``"wb"``, so that the records :func:`prepare_metrics` kept survive the restart. The
-    replacement is verl's ``__init__`` with that one change; checked: verl's must still open the file with
-    ``"wb"`` at ``self.filepath``, else this raises naming what moved."""
-    from verl.utils import tracking
-
-    logger_cls = tracking.FileLogger
-    if getattr(logger_cls.__init__, "_dapo_append", False):
-        return
-    source = inspect.getsource(logger_cls.__init__)
-    if 'open(self.filepath, "wb", buffering=0)' not in source or "VERL_FILE_LOGGER_PATH" not in source:
-        raise RuntimeError(
-            "verl/utils/tracking.py:FileLogger.__init__ no longer opens VERL_FILE_LOGGER_PATH with 'wb' (the DAPO "
-            "recipe patches it to append for verl 0.9.1, so a resumed run keeps its earlier records): check the "
-            "installed verl against the pinned 0.9.1 and update recipe/dapo/resume.py"
-        )
-
-    def __init__(self, project_name: str, experiment_name: str):  # verl 0.9.1's, appending
-        self.project_name, self.experiment_name = project_name, experiment_name
-        self.filepath = os.getenv("VERL_FILE_LOGGER_PATH", None)
-        if self.filepath is None:
-            directory = os.path.join(os.path.expanduser(os.getenv("VERL_FILE_LOGGER_ROOT", ".")), project_name)
-            os.makedirs(directory, exist_ok=True)
-            self.filepath = os.path.join(directory, f"{experiment_name}.jsonl")
-            mode = "wb"  # verl's default path, which prepare_metrics does not trim: verl's behaviour
-        else:
-            mode = "ab"  # VERL_FILE_LOGGER_PATH: trimmed to the resumed step by prepare_metrics, before Ray
-        print(f"Creating file logger at {os.path.abspath(self.filepath)}")
-        self.fp = open(self.filepath, mode, buffering=0)
-
-    __init__._dapo_append = True
-    logger_cls.__init__ = __init__

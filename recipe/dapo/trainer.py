@@ -53,6 +53,7 @@ from dapo.settings import EntropyWatchSettings, OverlongSettings, eos_token_ids,
 from recipe.dapo import watchdog
 from recipe.dapo.policy_loss import LossWithClipEntropy, clip_entropy_metrics
 from recipe.dapo.sampler_state import load_sampler_state, save_sampler_state
+from recipe.dapo.verl_patches import accept_flush_in_separate_async_log
 from recipe.dapo.weight_sync import weight_sync_metrics
 
 TRAINER_MODE = "dapo"  # verl's sync loop
@@ -357,37 +358,6 @@ class DAPOSeparateAsyncTrainer(_DAPOAsyncBuffer, DAPOStages, PPOTrainerSeparateA
         for role, worker in list(self.role_worker_mapping.items()):
             if getattr(worker, "__ray_actor_class__", None) is DetachActorWorker:
                 self.role_worker_mapping[role] = ray.remote(CopyingDetachActorWorker)
-
-
-class _DropFlush(logging.LoggerAdapter):
-    """A logger that accepts, and drops, ``print``'s ``flush`` keyword."""
-
-    def process(self, msg, kwargs):
-        kwargs.pop("flush", None)
-        return msg, kwargs
-
-
-def accept_flush_in_separate_async_log() -> None:
-    """Runtime patch of verl 0.9.1's ``verl/trainer/ppo/v1/trainer_separate_async.py``: its module ``logger``.
-
-    ``PPOTrainerSeparateAsync._setup`` logs ``logger.info(..., flush=True)`` when
-    ``actor_rollout_ref.hybrid_engine=false`` (the rollout on its own devices only), and ``logging.Logger`` takes no
-    ``flush`` keyword: the trainer raises ``TypeError`` before its first step. The module's logger is wrapped in an
-    adapter that drops the keyword. Checked: applied only while ``_setup`` still passes ``flush=True``, and the
-    module must still have its ``logger``, else this raises naming what moved."""
-    import inspect
-
-    from verl.trainer.ppo.v1 import trainer_separate_async as module
-
-    if "flush=True" not in inspect.getsource(PPOTrainerSeparateAsync._setup):
-        return  # fixed upstream: nothing to adapt
-    if not isinstance(getattr(module, "logger", None), logging.Logger | _DropFlush):
-        raise RuntimeError(
-            "verl/trainer/ppo/v1/trainer_separate_async.py has no module `logger` any more (recipe/dapo/trainer.py "
-            "adapts its logger.info(..., flush=True) for verl 0.9.1): update accept_flush_in_separate_async_log"
-        )
-    if not isinstance(module.logger, _DropFlush):
-        module.logger = _DropFlush(module.logger, {})
 
 
 class CopyingDetachActorWorker(DetachActorWorker):

@@ -319,7 +319,8 @@ def test_verl_metrics_keep_each_step_once_across_a_restart(tmp_path, monkeypatch
     killed run logged past its checkpoint (a line cut short by the kill included): each step once."""
     from verl.utils import tracking
 
-    from recipe.dapo.resume import patch_file_logger_append, trim_metrics
+    from recipe.dapo.resume import trim_metrics
+    from recipe.dapo.verl_patches import patch_file_logger_append
 
     path = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))

@@ -42,3 +42,22 @@ def test_every_dapo_knob_has_a_line_in_the_docs():
     algorithm = (ROOT / "docs" / "algorithm.md").read_text()
     missing = [knob for knob in knobs if f"`{knob}`" not in algorithm]
     assert not missing, f"docs/algorithm.md lacks a line for config keys {missing}"
+
+
+def test_every_runtime_patch_lives_in_its_upstreams_module_and_has_a_row_in_the_docs():
+    """verl's patches in recipe/dapo/verl_patches.py, vLLM's in recipe/dapo/cpu/vllm_patches.py, each a row of
+    docs/verl.md's "Version workarounds" table: a function whose docstring says "Runtime patch of" anywhere else in
+    the project fails here, and so does a patch the table does not name."""
+    homes = {"recipe/dapo/verl_patches.py": "verl_patches", "recipe/dapo/cpu/vllm_patches.py": "cpu.vllm_patches"}
+    docs = (ROOT / "docs" / "verl.md").read_text()
+    table = docs[docs.index("## Version workarounds") :].split("\n## ")[0]
+    found = {}
+    for path in sorted((ROOT / "recipe").rglob("*.py")) + sorted((ROOT / "dapo").rglob("*.py")):
+        text = path.read_text()
+        for name in re.findall(r'\ndef (\w+)\([^)]*\)[^:]*:\n    """Runtime patch of', text):
+            found.setdefault(str(path.relative_to(ROOT)), []).append(name)
+    assert set(found) == set(homes), f"runtime patches outside their upstream's module: {found}"
+    for path, names in found.items():
+        for name in names:
+            assert f"`{homes[path]}.{name}`" in table, f"{path}:{name} has no row in docs/verl.md's Version workarounds"
+    assert len(re.findall(r"^\| `(?:verl_patches|cpu\.vllm_patches)\.", table, flags=re.M)) == 5

