@@ -469,24 +469,29 @@ def _wait_for(predicate, proc, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
+def _checkpointed_step(run_dir: Path) -> int:
+    """The step of the newest checkpoint verl recorded in ``run_dir`` (0: none yet, or a record being written)."""
+    tracker = run_dir / "latest_checkpointed_iteration.txt"
+    return int(tracker.read_text().strip() or 0) if tracker.is_file() else 0
+
+
+def _wait_for_checkpoint(run_dir: Path, proc, step: int) -> None:
+    """Wait until a step-``step`` (or later) checkpoint of the run ``proc`` is on disk."""
+    _wait_for(lambda: _checkpointed_step(run_dir) >= step, proc, RUN_TIMEOUT_S, f"the step-{step} checkpoint")
+
+
 def _killed_after_checkpoint(run_dir: Path, overrides: dict, step: int) -> int:
     """Start a run, SIGKILL it once a step-``step`` (or later) checkpoint is on disk, and return the newest
     checkpoint's step; its output is in ``console.log``."""
-    tracker = run_dir / "latest_checkpointed_iteration.txt"
     with open(run_dir / "console.log", "w") as log:
         first = _start(run_dir, _env(run_dir), log, **overrides)
         try:
-            _wait_for(
-                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= step,
-                first,
-                RUN_TIMEOUT_S,
-                f"the step-{step} checkpoint",
-            )
+            _wait_for_checkpoint(run_dir, first, step)
         finally:
             os.killpg(first.pid, signal.SIGKILL)  # the whole process group: driver, Ray, workers, vLLM
             first.wait(timeout=60)
     _kill_ray_processes(_ray_temp_dir(run_dir))  # Ray's own processes outlive the killed driver's group
-    return int(tracker.read_text())
+    return _checkpointed_step(run_dir)
 
 
 def test_killed_and_damaged_resumes_from_the_newest_intact_checkpoint_with_each_step_logged_once(own_tmp):
@@ -571,14 +576,8 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tm
     }  # nothing listens there
     with open(run_dir / "console.log", "w") as log:
         first = _start(run_dir, online, log, **common)
-        tracker = run_dir / "latest_checkpointed_iteration.txt"
         try:
-            _wait_for(
-                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 1,
-                first,
-                RUN_TIMEOUT_S,
-                "the step-1 checkpoint",
-            )
+            _wait_for_checkpoint(run_dir, first, 1)
             os.killpg(first.pid, signal.SIGINT)
             sent = time.monotonic()
             first.wait(timeout=120)
@@ -592,7 +591,7 @@ def test_ctrl_c_exits_in_seconds_in_one_line_and_the_same_command_resumes(own_tm
     assert waited < 60, f"Ctrl-C took {waited:.0f} s to end the run"
     assert console.count(f"main_dapo: interrupted; the checkpoints in {run_dir} are kept") == 1
     assert "Traceback" not in console and "KeyboardInterrupt" not in console
-    assert int(tracker.read_text()) < total, "the run finished before it was interrupted"
+    assert _checkpointed_step(run_dir) < total, "the run finished before it was interrupted"
     assert "W&B is offline (http://127.0.0.1:" in console and "unreachable: ConnectionRefusedError" in console
     assert list((run_dir / "wandb").glob("offline-run-*")), "no offline W&B run kept"
 
@@ -670,17 +669,11 @@ def _kill_worker_mid_run(
     """Start a run; once the step-``after_step`` checkpoint is on disk, SIGKILL its first process titled ``title``;
     wait for the run to end (at most ``wait_s``). Returns the exit code, the seconds from the kill to the exit, and
     the console."""
-    tracker = run_dir / "latest_checkpointed_iteration.txt"
     marker = _ray_temp_dir(run_dir)
     with open(run_dir / "console.log", "w") as log:
         proc = _start(run_dir, _env(run_dir), log, **overrides)
         try:
-            _wait_for(
-                lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= after_step,
-                proc,
-                RUN_TIMEOUT_S,
-                f"the step-{after_step} checkpoint",
-            )
+            _wait_for_checkpoint(run_dir, proc, after_step)
             _wait_for(lambda: _pids(marker, title), proc, 120, f"a process titled {title}")
             os.kill(_pids(marker, title)[0], signal.SIGKILL)
             killed = time.monotonic()
@@ -847,7 +840,6 @@ def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
         "ray_kwargs.ray_init.num_cpus=null",
         "~ray_kwargs.ray_init.num_gpus",
     ]
-    tracker = run_dir / "latest_checkpointed_iteration.txt"
     try:
         subprocess.run(
             [
@@ -871,12 +863,7 @@ def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
         with open(run_dir / "console-first.log", "w") as log:
             first = subprocess.Popen(command, cwd=REPO, env=launcher_env, stdout=log, stderr=subprocess.STDOUT)
             try:
-                _wait_for(
-                    lambda: tracker.is_file() and int(tracker.read_text().strip() or 0) >= 1,
-                    first,
-                    RUN_TIMEOUT_S,
-                    "the step-1 checkpoint",
-                )
+                _wait_for_checkpoint(run_dir, first, 1)
                 assert _kill_ray_processes(worker_temp_dir), "no process of the second node found"
                 stopped = time.monotonic()
                 first.wait(timeout=RUN_TIMEOUT_S)
@@ -895,7 +882,7 @@ def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
         ), lines[0]
         # Ray notices a lost node after its health checks (about 15 s), then a probe interval
         assert waited < DEAD_WORKER_BOUND_S + 60, f"the lost node took {waited:.0f} s to end the job"
-        assert int(tracker.read_text()) < total, "the job finished before the node was stopped"
+        assert _checkpointed_step(run_dir) < total, "the job finished before the node was stopped"
 
         start_worker_node()  # the node is back: the same command resumes
         with open(run_dir / "console.log", "w") as log:
