@@ -57,7 +57,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dapo.advantage import group_advantages
+from dapo.advantage import token_advantages
 from dapo.loss import LOSS_MODES, aggregate_loss, masked_mean, overlong_filter_mask, truncated_responses
 from dapo.metrics import (
     EntropyWatch,
@@ -352,10 +352,14 @@ class EmbeddedTrainer:
         return _collate(groups, self.policy.pad_id)
 
     def _compute_advantage(self, batch: dict, metrics: dict) -> dict:
-        advantages = group_advantages(
-            batch["reward"], self.c.rollout.n, norm_adv_by_std_in_grpo=self.c.algorithm.norm_adv_by_std_in_grpo
-        )  # [N]
-        return {**batch, "advantages": advantages.unsqueeze(-1) * batch["response_mask"]}  # [N, T]
+        mask = batch["response_mask"]  # [N, T]
+        last = (mask.sum(-1) - 1).clamp(min=0)  # [N] the response's last token, where verl puts the outcome reward
+        rewards = torch.zeros(mask.shape, dtype=batch["reward"].dtype)  # [N, T]
+        rewards.scatter_(1, last.unsqueeze(-1), batch["reward"].unsqueeze(-1))
+        advantages = token_advantages(
+            rewards, mask, self.c.rollout.n, norm_adv_by_std_in_grpo=self.c.algorithm.norm_adv_by_std_in_grpo
+        )  # [N, T]
+        return {**batch, "advantages": advantages}
 
     def _compute_loss_mask(self, batch: dict, metrics: dict) -> dict:
         loss_mask = batch["response_mask"]  # [N, T]
