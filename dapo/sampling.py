@@ -21,9 +21,9 @@ What verl does (read off its source):
   caps prompts in flight at ``max_inflight_gen_batches x train_batch_size``; once enough groups are ready it
   drains (waits for) the in-flight ones and discards every surplus group. ``max_num_gen_batches`` is ignored.
 
-This module is the engine-agnostic part: a pure predicate on a ``[B, G]`` accuracy tensor
-(:func:`keep_groups`, :func:`group_filter_stats`) and :class:`BatchFiller`, a small state machine that both
-engines drive the same way::
+This module is the engine-agnostic part: :class:`BatchFiller`, a small state machine that both engines drive the
+same way, and the keep/drop predicate it applies on a ``[B, G]`` accuracy tensor, also given as two pure functions
+for analyses and tests (:func:`keep_groups`, :func:`group_filter_stats`; the engines go through the filler)::
 
     filler.begin_step(policy_version)
     while not filler.done:
@@ -33,7 +33,8 @@ engines drive the same way::
         groups, acc = generate_and_score(prompts)    # one opaque payload per prompt, acc: [n, G]
         kept = filler.add_round(groups, acc, keys)   # [n] bool: the groups it kept (the one keep/drop decision)
     batch, metrics = filler.end_step()               # exactly train_batch_size payloads
-    versions = filler.last_batch_versions            # policy version each payload was generated under
+    versions = filler.last_batch_versions            # each payload's policy version (for a staleness correction;
+                                                     # neither engine here applies one)
 
 ``groups`` may also be a function ``groups(kept_indices) -> payloads`` that builds the payloads of the kept groups
 only (an engine that computes log-probabilities per payload then spends nothing on dropped groups).
