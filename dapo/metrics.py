@@ -73,21 +73,26 @@ METRIC_DOCS: dict[str, str] = {
     # dynamic sampling (see dapo.sampling)
     "train/num_gen_batches": "generation rounds needed to fill the train batch (1 = no refill needed, 0 = carried "
     "groups filled it)",
-    "dapo/kept_group_frac": "fraction of generated groups with mixed accuracy (kept); falling means prompts are "
-    "saturating; NaN in a step that generated none (served by carried groups, or asynchronous groups that finished "
-    "before it)",
-    "dapo/filtered_all_correct": "groups dropped this step because every response was correct",
-    "dapo/filtered_all_wrong": "groups dropped this step because every response was wrong",
-    "dapo/surplus_groups": "kept groups beyond the train batch (discarded, or carried when carry-over is on)",
+    "dapo/kept_group_frac": "fraction of generated groups with mixed accuracy (kept); healthy: well above 1/3 with "
+    "verl's 3x round sizing; falling means prompts are saturating; NaN in a step that generated none (served by "
+    "carried groups, or asynchronous groups that finished before it)",
+    "dapo/filtered_all_correct": "groups dropped this step because every response was correct; rises as the policy "
+    "solves the data, and a majority means the data is too easy (harder data, or dapo.sampling.skip_saturated)",
+    "dapo/filtered_all_wrong": "groups dropped this step because every response was wrong; should fall over "
+    "training, and a majority early on means the data is too hard for the starting model",
+    "dapo/surplus_groups": "kept groups beyond the train batch (discarded, or carried when carry-over is on); small "
+    "against the train batch means rounds are sized well",
     "dapo/discarded_groups": "surplus groups thrown away; 0 with carry-over",
     "dapo/dropped_stale_groups": "carried groups dropped as older than max_carry_age policy versions; near 0",
     "dapo/saturated_prompts": "distinct prompts currently on an all-correct / all-wrong streak (saturation skip)",
     "dapo/generated_prompts": "prompts generated this step over all rounds (asynchronous modes: groups that finished "
     "this step)",
     "dapo/kept_frac_estimate": "running kept-fraction estimate that sizes adaptive rounds; tracks dapo/kept_group_frac",
-    "dapo/carried_groups": "groups carried in from the previous step (carry-over)",
+    "dapo/carried_groups": "groups carried in from the previous step (carry-over): at most its surplus, off-policy "
+    "by up to max_carry_age policy versions",
     "dapo/skipped_prompts": "prompts skipped before generation as saturated (saturation skip)",
-    "dapo/generated_per_trained": "responses generated per trained response; 1 is the floor, lower is cheaper",
+    "dapo/generated_per_trained": "responses generated per trained response; 1 is the floor, verl's recipe costs 3 "
+    "a round, lower is cheaper",
     # asynchronous training (verl engine, trainer.v1.trainer_mode=dapo_colocate_async / dapo_separate_async)
     "training/off_policy/trajectory_staleness/mean": "verl engine, asynchronous modes: weight updates between the "
     "newest weights that sampled a trained response and the weights being trained, mean over the batch (0 = sampled "

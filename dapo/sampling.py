@@ -87,29 +87,12 @@ Deviations from the paper and from verl, all deliberate:
    the last round's generation statistics).
 5. Options 1-3 above are ours, not the paper's nor verl's.
 
-Metrics returned by :meth:`BatchFiller.end_step` (one step; counts are prompt groups):
-
-* ``dapo/kept_group_frac``: kept / generated this step. Healthy: well above 1/3 with the default 3x sizing,
-  falls as prompts saturate; NaN when the step generated nothing (served by carried groups).
-* ``dapo/filtered_all_correct``: groups dropped because every response was correct. Rises as the policy
-  solves the data; a majority means the data is too easy (raise difficulty or turn on skip_saturated).
-* ``dapo/filtered_all_wrong``: groups dropped because every response was wrong. Should fall over training;
-  a majority early on means the data is too hard for the base model.
-* ``dapo/surplus_groups``: kept groups beyond the train batch (carried when carry_over, else discarded).
-  Small relative to train_batch_size means rounds are sized well.
-* ``dapo/discarded_groups``: surplus groups thrown away; 0 with carry_over (then see dropped_stale_groups).
-* ``dapo/carried_groups``: groups in this step's batch that were generated in an earlier step. Up to the
-  previous step's surplus; they are off-policy by up to max_carry_age versions.
-* ``dapo/dropped_stale_groups``: carried groups dropped at begin_step as older than max_carry_age; near 0.
-* ``dapo/skipped_prompts``: prompt offers that admit() refused as saturated. Rises late in training.
-* ``dapo/saturated_prompts``: distinct prompts currently on a saturated streak (skip_saturated only).
-* ``dapo/generated_prompts``: prompts generated this step, all rounds.
-* ``dapo/generated_per_trained``: generated_prompts / train_batch_size, i.e. responses generated per trained
-  response. 1 is the floor; verl's recipe costs 3 per round; lower is cheaper.
-* ``dapo/kept_frac_estimate``: the adaptive estimator f_hat after this step (logged even when not adaptive);
-  should track dapo/kept_group_frac.
-* ``train/num_gen_batches``: generation rounds this step (verl's name). 1 is ideal, 0 when carried groups
-  filled the batch; a step that reaches max_num_gen_batches with the batch still short raises.
+Metrics returned by :meth:`BatchFiller.end_step` (one step; counts are prompt groups): ``dapo/kept_group_frac``,
+``dapo/filtered_all_correct``, ``dapo/filtered_all_wrong``, ``dapo/surplus_groups``, ``dapo/discarded_groups``,
+``dapo/carried_groups``, ``dapo/dropped_stale_groups``, ``dapo/skipped_prompts``, ``dapo/saturated_prompts``,
+``dapo/generated_prompts``, ``dapo/generated_per_trained``, ``dapo/kept_frac_estimate`` and verl's
+``train/num_gen_batches``; what each means and what healthy looks like is in :data:`dapo.metrics.METRIC_DOCS`
+(``docs/reference/metrics.md``).
 
 Per-round figures (generated, filtered all-correct, filtered all-wrong, kept, surplus) are in
 :attr:`BatchFiller.rounds` (a list of :class:`RoundStats` for the current step) and logged at DEBUG level.

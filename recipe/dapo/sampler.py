@@ -26,9 +26,9 @@ metric defaults to the shaped reward, and it refills 2 prompts per evicted group
 Metrics, for the whole step (every round, unlike the V0 recipe which reset them each round): those of
 ``BatchFiller.end_step`` (``dapo/kept_group_frac``, ``dapo/filtered_all_correct``, ``dapo/filtered_all_wrong``,
 ``dapo/surplus_groups``, ``dapo/generated_per_trained``, ``train/num_gen_batches``, ...), plus
-``train/acc/mean`` (accuracy of every generated response, before the filter), ``dapo/overlong_penalty/mean``
-(mean ``overlong_reward`` of every generated response) and, for verl's W&B table, the values the dropped groups
-were constant at. Groups whose generation failed are dropped (``training/rollout_failure/evicted_samples``).
+``train/acc/mean`` and ``dapo/overlong_penalty/mean`` over every generated response and, for verl's W&B table, the
+values the dropped groups were constant at (meanings: :data:`dapo.metrics.METRIC_DOCS`). Groups whose generation
+failed are dropped (``training/rollout_failure/evicted_samples``).
 
 Deviations: ``dapo.sampling.skip_saturated`` is refused here (it must choose prompts before they are generated,
 and verl's ``refill_fn`` draws them from the data loader itself); the filler's state is saved with verl's

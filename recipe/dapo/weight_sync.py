@@ -4,12 +4,9 @@ verl's vLLM rollout starts from dummy weights (``actor_rollout_ref.rollout.load_
 actor's weights before every step, so every token it generates came through the sync. With
 ``actor_rollout_ref.rollout.calculate_log_probs=true`` (verl's default) the rollout records the log-probability it
 sampled each token with (``rollout_log_probs``), and the trainer recomputes it with the actor
-(``old_log_probs``, same weights, same temperature). Their gap measures the sync plus the numerics of the two
-engines:
-
-* ``dapo/weight_sync/logprob_diff_max``: max over the step's valid response tokens of
-  ``|old_log_prob - rollout_log_prob|``;
-* ``dapo/weight_sync/logprob_diff_mean``: its mean.
+(``old_log_probs``, same weights, same temperature). Their gap, ``|old_log_prob - rollout_log_prob|`` over the
+step's valid response tokens, measures the sync plus the numerics of the two engines: its max and mean are
+``dapo/weight_sync/logprob_diff_{max,mean}`` (meanings: :data:`dapo.metrics.METRIC_DOCS`).
 
 In the asynchronous modes a response may be a partial rollout: aborted at a weight update, its tokens kept, and
 resumed on the new weights (verl's ``FullyAsyncLLMServerClient``), so its tokens come from several policies and

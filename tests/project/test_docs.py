@@ -61,3 +61,17 @@ def test_every_runtime_patch_lives_in_its_upstreams_module_and_has_a_row_in_the_
         for name in names:
             assert f"`{homes[path]}.{name}`" in table, f"{path}:{name} has no row in docs/verl.md's Version workarounds"
     assert len(re.findall(r"^\| `(?:verl_patches|cpu\.vllm_patches)\.", table, flags=re.M)) == 5
+
+
+def test_metric_meanings_are_written_only_in_metric_docs():
+    """``dapo.metrics.METRIC_DOCS`` is where a metric's meaning is written (the metrics reference is generated from
+    it): a docstring bullet ``* ``name``: meaning`` for one of its metrics anywhere in the code fails here."""
+    from dapo.metrics import METRIC_DOCS
+
+    found = []
+    for path in sorted((ROOT / "dapo").rglob("*.py")) + sorted((ROOT / "recipe").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            match = re.match(r"\s*[*-] ``([^`]+)``:", line)
+            if match and match.group(1) in METRIC_DOCS:
+                found.append(f"{path.relative_to(ROOT)}:{number} {match.group(1)}")
+    assert not found, f"metric meanings written outside dapo.metrics.METRIC_DOCS: {found}"
