@@ -1,6 +1,6 @@
 """A run's start model at the rollout's sampling: can each technique act on it?
 
-Loads the start model of an embedded config: the warmed-up tiny model every row of ``bench/ablation.py`` begins from
+Loads the start model of an embedded config: the warmed-up tiny model every row of ``bench/ablation/`` begins from
 (``configs/ablation_long.yaml``, the default; built and cached first if missing), or the model at
 ``actor_rollout_ref.model.path`` with the config's ``data.val_files`` (``--config-name embedded_smollm2``: the real
 model, sampled in bf16 where the config computes in it, as the engine does), plus any ``key=value`` overrides.

@@ -31,7 +31,7 @@ def _flat(cfg) -> dict:
 
 
 def _row_overrides(row: dict) -> list[str]:
-    return [f"{k}={ablation._value(v)}" for k, v in row.items()]
+    return [f"{k}={ablation.override_value(v)}" for k, v in row.items()]
 
 
 def test_rows_are_the_papers_table_in_order():
@@ -91,7 +91,7 @@ def test_every_row_is_a_valid_engine_config_with_its_techniques():
     ]
 
 
-def _records(val: dict[int, float], entropy: float, length: float, generated_prompts: int) -> list[dict]:
+def run_records(val: dict[int, float], entropy: float, length: float, generated_prompts: int) -> list[dict]:
     records = [{"step": 0, "val-core/synthetic_addition/acc/mean@4": val[0]}]
     for step in range(1, max(val) + 1):
         r = {
@@ -108,9 +108,9 @@ def _records(val: dict[int, float], entropy: float, length: float, generated_pro
 
 
 def test_summary_figures_by_hand():
-    slow = _records({0: 0.2, 2: 0.3, 4: 0.4}, entropy=0.5, length=10.0, generated_prompts=4)
-    fast = _records({0: 0.2, 2: 0.5, 4: 0.6}, entropy=0.7, length=12.0, generated_prompts=8)
-    never = _records({0: 0.2, 2: 0.2, 4: 0.2}, entropy=0.1, length=9.0, generated_prompts=4)
+    slow = run_records({0: 0.2, 2: 0.3, 4: 0.4}, entropy=0.5, length=10.0, generated_prompts=4)
+    fast = run_records({0: 0.2, 2: 0.5, 4: 0.6}, entropy=0.7, length=12.0, generated_prompts=8)
+    never = run_records({0: 0.2, 2: 0.2, 4: 0.2}, entropy=0.1, length=9.0, generated_prompts=4)
     names = [name for name, _ in ablation.rows()]
     results = {
         names[0]: [slow, fast],

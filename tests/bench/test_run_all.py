@@ -13,13 +13,16 @@ NOT_BENCHES = {"__init__", "common", "run_all", "trl_peer", "vllm_peer", "paired
 
 
 def test_every_bench_module_is_registered():
-    modules = {p.stem for p in BENCH_DIR.glob("*.py")} - NOT_BENCHES
+    packages = {p.parent.name for p in BENCH_DIR.glob("*/__main__.py")}  # a bench in several modules (ablation)
+    modules = ({p.stem for p in BENCH_DIR.glob("*.py")} | packages) - NOT_BENCHES
     registered = {b.module.removeprefix("bench.") for b in BENCHES.values()}
     assert modules - registered == set(), "add these to bench.run_all.BENCHES (or to NOT_BENCHES with a reason)"
     assert registered <= modules | {"bench_trl"}
     for bench in BENCHES.values():
         assert importlib.util.find_spec(bench.module) is not None
-        source = (BENCH_DIR / f"{bench.module.removeprefix('bench.')}.py").read_text()
+        name = bench.module.removeprefix("bench.")
+        files = [BENCH_DIR / f"{name}.py"] if name not in packages else sorted((BENCH_DIR / name).glob("*.py"))
+        source = "".join(f.read_text() for f in files)
         assert '"--json"' in source or "write_json(" in source, f"{bench.module} takes no --json: run_all passes it"
 
 

@@ -1,7 +1,7 @@
 """The contract: every shipped config means the same DAPO on both engines, field by field.
 
 For the base (``dapo_trainer``), the embedded default (``embedded``), each experiment (``configs/experiment``), the
-ablation's base and each row of ``bench/ablation.py``, the settings are derived through the code each engine runs:
+ablation's base and each row of ``bench/ablation/``, the settings are derived through the code each engine runs:
 
 * embedded: ``recipe.embedded.config.read_config`` (what ``dapo-train`` runs first), its ``.dapo``; for the verl
   configs, which lack the embedded engine's own keys (``read_config`` refuses them, naming the first), the call
@@ -48,7 +48,7 @@ def _configs() -> list[tuple[str, str, list[str]]]:
     ]
     out += [(f"experiment={e}", "dapo_trainer", [f"+experiment={e}"]) for e in EXPERIMENTS]
     for name, row in ablation.rows():
-        out.append((f"ablation row {name}", "ablation", [f"{k}={ablation._value(v)}" for k, v in row.items()]))
+        out.append((f"ablation row {name}", "ablation", [f"{k}={ablation.override_value(v)}" for k, v in row.items()]))
     return out
 
 

@@ -1,0 +1,113 @@
+"""``python -m bench.ablation``: the command line (see the package's docstring)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import bench.ablation as package
+from bench.ablation.figures import run_records, summarise
+from bench.ablation.plan import CONFIG_NAME, DEVICE_KEY, PRESETS, rows, run_overrides, slug
+from bench.ablation.report import table, write_plots, write_report
+from bench.ablation.run import compose_setting, prepare_start_model, run_all
+from bench.ablation.stats import verdict_lines, verdicts
+from bench.common import parser, print_table, write_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(package.__doc__.split("\n\n")[0], repeats=False)
+    p.prog = "python -m bench.ablation"
+    p.add_argument("overrides", nargs="*", help="key=value overrides for every run (verl's names)")
+    p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: minutes")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help=f"{DEVICE_KEY} of every run; cuda also picks the larger 'cuda' preset (unless --quick)",
+    )
+    p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 5; --quick 2)")
+    p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the CPU count; cuda: 6)")
+    p.add_argument("--out", type=Path, default=Path("bench/results/ablation"), help="run directories and report")
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="target validation accuracy (default: start + 0.8 x the best row's gain)",
+    )
+    p.add_argument("--fresh", action="store_true", help="delete earlier runs under --out instead of reusing them")
+    p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
+    p.add_argument(
+        "--config-name",
+        default=CONFIG_NAME,
+        help="the shared setting under configs/ (default: ablation_long; ablation: the 3-digit task)",
+    )
+    args = p.parse_args(argv)
+
+    preset = PRESETS["quick" if args.quick else "cuda" if args.device == "cuda" else "default"]
+    seeds = args.seeds or preset["seeds"]
+    jobs = args.jobs or preset["jobs"]
+    if seeds < 1:
+        p.error("--seeds must be >= 1")
+    device = [f"{DEVICE_KEY}={args.device}"] if args.device else []
+    extra = [*preset["overrides"], *device, *args.overrides]
+    out = args.out.resolve()
+    try:
+        cfg = compose_setting(extra, args.config_name)  # fails early on a misspelt key, before anything runs
+    except Exception as err:  # noqa: BLE001 - Hydra's and OmegaConf's errors name the key
+        print(f"bench.ablation: error: {str(err).strip()}", file=sys.stderr)
+        return 2
+    from dapo.settings import select
+
+    steps = int(select(cfg, "trainer.total_training_steps"))
+    train_batch_size = int(cfg.data.train_batch_size)
+    n = int(cfg.actor_rollout_ref.rollout.n)
+
+    plan = []
+    for name, row in rows():
+        for seed in range(seeds):
+            run_dir = out / slug(name) / f"seed{seed}"
+            plan.append((name, seed, run_overrides(row, seed, run_dir, extra), run_dir))
+    if args.print_commands:
+        for name, seed, overrides, _ in plan:
+            print(f"# {name}, seed {seed}\ndapo-train --config-name {args.config_name} {' '.join(overrides)}")
+        return 0
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+
+    print(f"ablation: {len(rows())} rows x {seeds} seeds x {steps} steps, {jobs} at a time, under {out}")
+    prepare_start_model(extra, args.config_name)
+    failures = run_all(plan, jobs, args.config_name)
+    if failures:
+        print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+
+    results = {name: [] for name, _ in rows()}
+    for name, _, _, run_dir in plan:
+        results[name].append(run_records(run_dir))
+    figures = summarise(results, args.target, train_batch_size, n)
+    headers, body = table(figures, seeds, steps)
+    verdict_list = verdicts(figures)
+    print(f"\nstart accuracy {figures['start_acc']:.3f}, target {figures['target']:.3f}")
+    print_table(headers, body)
+    print("\n" + "\n".join(verdict_lines(verdict_list)))
+    plots = write_plots(results, out / "plots", train_batch_size, n)
+    command = "python -m bench.ablation " + " ".join(
+        [
+            *([f"--config-name {args.config_name}"] if args.config_name != CONFIG_NAME else []),
+            *(["--quick"] if args.quick else []),
+            *([f"--device {args.device}"] if args.device else []),
+            *([f"--seeds {seeds}"] if args.seeds else []),
+            *args.overrides,
+        ]
+    )
+    report = write_report(out, figures, headers, body, command.strip(), plots, verdict_list)
+    print(f"report: {report}")
+    write_json(
+        args.json, {**figures, "verdicts": verdict_list, "seeds": seeds, "steps": steps, "command": command.strip()}
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The ablation's figures from the runs' ``metrics.jsonl``: per seed and per row (final accuracy, steps and responses
+to the target, entropy, length, repetition, truncation) and the mean curves."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from bench.ablation.plan import PAPER_AIME, TAIL_STEPS, TARGET_FRACTION, VAL_PREFIX
+from bench.ablation.stats import paired_interval
+
+
+def run_records(run_dir: Path) -> list[dict]:
+    from recipe.embedded.monitor import read_metrics
+
+    return read_metrics(run_dir)
+
+
+def _val_key(records: list[dict]) -> str | None:
+    keys = sorted({k for r in records for k in r if k.startswith(VAL_PREFIX) and "/acc/" in k})
+    return keys[0] if keys else None
+
+
+def val_curve(records: list[dict]) -> list[tuple[int, float]]:
+    key = _val_key(records)
+    return [(r["step"], r[key]) for r in records if key and r.get(key) is not None]
+
+
+def final_val(run_dir: Path) -> float | None:
+    curve = val_curve(run_records(run_dir))
+    return curve[-1][1] if curve else None
+
+
+def _series(records: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[key]) for r in records if r.get("step", 0) > 0 and r.get(key) is not None]
+
+
+def train_records(records: list[dict]) -> list[dict]:
+    """A run's training-step records (validation-only records carry no ``actor/entropy``), in step order."""
+    return sorted((r for r in records if r.get("step", 0) > 0 and "actor/entropy" in r), key=lambda r: r["step"])
+
+
+def responses_generated(record: dict, train_batch_size: int, n: int) -> float:
+    """Responses generated in a training step (rounds x prompts x n)."""
+    return record.get("dapo/generated_prompts", train_batch_size) * n
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    """Median where ``inf`` means never; None when the median itself is never."""
+    if not values:
+        return None
+    m = statistics.median(sorted(values))
+    return None if math.isinf(m) else m
+
+
+def _fmean(values) -> float:
+    values = list(values)
+    return statistics.fmean(values) if values else math.nan
+
+
+CURVES = {  # name: (axis label, the per-step series of one run's records)
+    "accuracy": ("held-out validation accuracy", val_curve),
+    "entropy": ("actor/entropy (trained responses)", lambda r: _series(r, "actor/entropy")),
+    "response_length": ("response_length/mean (tokens)", lambda r: _series(r, "response_length/mean")),
+    "repetition": ("response/repeat_ngram_frac", lambda r: _series(r, "response/repeat_ngram_frac")),
+    "truncation": ("dapo/overlong_frac (trained responses)", lambda r: _series(r, "dapo/overlong_frac")),
+}
+
+
+def mean_curve(seeds: list[list[dict]], curve) -> dict[str, list[float]]:
+    """Mean, lowest and highest over seeds at the steps every seed has: {"steps", "mean", "min", "max"}."""
+    curves = [dict(curve(r)) for r in seeds]
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    values = [[c[s] for c in curves] for s in steps]  # [steps][seeds]
+    return {
+        "steps": steps,
+        "mean": [statistics.fmean(v) for v in values],
+        "min": [min(v) for v in values],
+        "max": [max(v) for v in values],
+    }
+
+
+def _drawdown(curve: list[tuple[int, float]]) -> float:
+    """Sum of the falls between consecutive validation points: 0 for a curve that never goes down."""
+    return sum(max(0.0, a - b) for (_, a), (_, b) in zip(curve, curve[1:]))
+
+
+def summarise(results: dict[str, list[list[dict]]], target: float | None, train_batch_size: int, n: int) -> dict:
+    """The figures of every row from its seeds' metric records (``results[row] = [records of seed 0, ...]``, the
+    same seed at the same index in every row). Per seed lists are kept (``per_seed``) for the paired differences."""
+    finals = {name: [(val_curve(r) or [(0, math.nan)])[-1][1] for r in seeds] for name, seeds in results.items()}
+    start_accs = [c[0][1] for seeds in results.values() for r in seeds if (c := val_curve(r)) and c[0][0] == 0]
+    start_acc = statistics.fmean(start_accs) if start_accs else math.nan
+    if target is None:
+        best = max(statistics.fmean(v) for v in finals.values())
+        target = start_acc + TARGET_FRACTION * (best - start_acc)
+    out_rows = []
+    for (name, seeds), paper in zip(results.items(), PAPER_AIME):
+        per_seed = {
+            k: []
+            for k in (
+                "val_acc",
+                "steps_to_target",
+                "steps_to_target_censored",
+                "responses_to_target",
+                "final_entropy",
+                "final_response_length",
+                "final_repeat",
+                "truncated_frac",
+                "acc_drawdown",
+                "generated_responses",
+            )
+        }
+        for records in seeds:
+            train = train_records(records)
+            last_step = max((r["step"] for r in train), default=0)
+            hit = next((s for s, v in val_curve(records) if v >= target), None)
+            per_seed["steps_to_target"].append(math.inf if hit is None else hit)
+            # never reaching counts as one step past the budget: a lower bound of the true steps
+            per_seed["steps_to_target_censored"].append(last_step + 1 if hit is None else hit)
+            per_seed["responses_to_target"].append(
+                math.inf
+                if hit is None
+                else sum(responses_generated(r, train_batch_size, n) for r in train if r["step"] <= hit)
+            )
+            tail = train[-TAIL_STEPS:]
+            per_seed["final_entropy"].append(_fmean(r["actor/entropy"] for r in tail))
+            per_seed["final_response_length"].append(_fmean(r["response_length/mean"] for r in tail))
+            per_seed["final_repeat"].append(
+                _fmean(r["response/repeat_ngram_frac"] for r in tail if "response/repeat_ngram_frac" in r)
+            )
+            per_seed["truncated_frac"].append(_fmean(r.get("dapo/overlong_frac", 0.0) for r in train))
+            per_seed["acc_drawdown"].append(_drawdown(val_curve(records)))
+            per_seed["generated_responses"].append(sum(responses_generated(r, train_batch_size, n) for r in train))
+        accs = finals[name]
+        per_seed["val_acc"] = accs
+        steps_to = per_seed["steps_to_target"]
+        out_rows.append(
+            {
+                "name": name,
+                "val_acc_mean": statistics.fmean(accs),
+                "val_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                "val_acc_per_seed": accs,
+                "final_entropy": _fmean(per_seed["final_entropy"]),
+                "steps_to_target": _median_or_none(steps_to),
+                "seeds_reaching_target": sum(not math.isinf(s) for s in steps_to),
+                "responses_to_target": _median_or_none(per_seed["responses_to_target"]),
+                "final_response_length": _fmean(per_seed["final_response_length"]),
+                "final_repeat": _fmean(per_seed["final_repeat"]),
+                "truncated_frac": _fmean(per_seed["truncated_frac"]),
+                "acc_drawdown": _fmean(per_seed["acc_drawdown"]),
+                "generated_responses": _fmean(per_seed["generated_responses"]),
+                "paper_aime_avg32": paper,
+                "per_seed": {k: [None if math.isinf(v) else v for v in vs] for k, vs in per_seed.items()},
+                "curves": {k: mean_curve(seeds, curve) for k, (_, curve) in CURVES.items()},
+            }
+        )
+    for before, after in zip(out_rows, out_rows[1:]):
+        after["vs_previous"] = {
+            key: paired_interval(after["per_seed"][key], before["per_seed"][key])
+            for key in (
+                "val_acc",
+                "final_entropy",
+                "final_response_length",
+                "final_repeat",
+                "truncated_frac",
+                "acc_drawdown",
+                "steps_to_target_censored",
+            )
+        }
+    return {"target": target, "start_acc": start_acc, "rows": out_rows}

@@ -1,0 +1,153 @@
+"""The ablation's report: the table, the plots (every row, and the paper's figures side by side), ``report.md``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from bench.ablation.figures import CURVES, mean_curve, responses_generated, train_records, val_curve
+from bench.ablation.plan import PAPER_FIGURES
+from bench.ablation.stats import fmt_interval, verdict_lines
+
+
+def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[object]]]:
+    headers = [
+        "row",
+        f"val acc @ step {steps} (mean ± std, {seeds} seed{'s' if seeds > 1 else ''})",
+        "vs row above (paired, 95% CI)",
+        "steps to target",
+        "responses to target",
+        "final entropy",
+        "final length",
+        "repetition",
+        "truncated",
+        "paper (AIME avg@32)",
+    ]
+    body = []
+    for r in figures["rows"]:
+        reach = "-" if r["steps_to_target"] is None else f"{r['steps_to_target']:.0f}"
+        responses = "-" if r["responses_to_target"] is None else f"{r['responses_to_target']:.0f}"
+        if seeds > 1:
+            reach += f" ({r['seeds_reaching_target']}/{seeds})"
+        diff = fmt_interval(r["vs_previous"]["val_acc"]) if "vs_previous" in r else ""
+        repeat = "-" if math.isnan(r["final_repeat"]) else f"{100 * r['final_repeat']:.1f}%"
+        body.append(
+            [
+                r["name"],
+                f"{r['val_acc_mean']:.3f} ± {r['val_acc_std']:.3f}",
+                diff,
+                reach,
+                responses,
+                f"{r['final_entropy']:.3f}",
+                f"{r['final_response_length']:.1f}",
+                repeat,
+                f"{100 * r['truncated_frac']:.1f}%",
+                r["paper_aime_avg32"],
+            ]
+        )
+    return headers, body
+
+
+def markdown_table(headers: list[str], body: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _responses_curve(records: list[dict], train_batch_size: int, n: int) -> list[tuple[float, float]]:
+    """Validation accuracy against the responses generated up to its step."""
+    generated, total = {0: 0.0}, 0.0
+    for r in train_records(records):
+        total += responses_generated(r, train_batch_size, n)
+        generated[r["step"]] = total
+    return [(generated[s], v) for s, v in val_curve(records) if s in generated]
+
+
+def _draw(ax, results: dict[str, list[list[dict]]], names, panel: str, train_batch_size: int, n: int) -> None:
+    """One panel: each row of ``names`` as its mean over seeds, shaded from the lowest to the highest seed."""
+    import numpy as np
+
+    for name in names:
+        seeds = results[name]
+        if panel == "accuracy_vs_responses":
+            curves = [_responses_curve(r, train_batch_size, n) for r in seeds]
+            size = min((len(c) for c in curves), default=0)
+            if not size:
+                continue
+            x = np.array([[c[i][0] for i in range(size)] for c in curves]).mean(0)  # mean responses at each point
+            values = np.array([[c[i][1] for i in range(size)] for c in curves])  # [seeds, points]
+        else:
+            curve = mean_curve(seeds, CURVES[panel][1])
+            if not curve["steps"]:
+                continue
+            x = np.array(curve["steps"])
+            values = np.array([[dict(CURVES[panel][1](r))[s] for s in curve["steps"]] for r in seeds])
+        (line,) = ax.plot(x, values.mean(0), label=name, marker="o" if "accuracy" in panel else None, markersize=3)
+        if len(seeds) > 1:
+            ax.fill_between(x, values.min(0), values.max(0), color=line.get_color(), alpha=0.12)
+    ax.set_title(CURVES[panel][0] if panel in CURVES else "held-out validation accuracy", fontsize=9)
+    ax.set_xlabel("responses generated" if panel == "accuracy_vs_responses" else "training step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def write_plots(
+    results: dict[str, list[list[dict]]], out_dir: Path, train_batch_size: int = 0, n: int = 1
+) -> list[Path]:
+    """Every row on one plot per curve (accuracy, entropy, length, repetition, truncation against steps), then the
+    paper's figures (``PAPER_FIGURES``): two rows side by side, one panel per curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = {f"{panel}.png": (None, tuple(results), (panel,)) for panel in CURVES}
+    figures.update({k: v for k, v in PAPER_FIGURES.items() if all(name in results for name in v[1])})
+    written = []
+    for file_name, (title, names, panels) in figures.items():
+        fig, axes = plt.subplots(
+            1, len(panels), figsize=(7 if len(panels) == 1 else 4.5 * len(panels), 4), squeeze=False
+        )
+        for ax, panel in zip(axes[0], panels):
+            _draw(ax, results, names, panel, train_batch_size, n)
+        if title:
+            fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        path = out_dir / file_name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(
+    out: Path, figures: dict, headers, body, command: str, plots: list[Path], verdict_list: list[dict] | None = None
+) -> Path:
+    text = [
+        "# DAPO ablation on the embedded engine",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Start accuracy (step 0, held-out): {figures['start_acc']:.3f}. Target accuracy: {figures['target']:.3f}.",
+        "",
+        markdown_table(headers, body),
+        "",
+        "Paired: the mean over seeds of (this row - the row above) with the same seed, and its 95% t-interval.",
+        "Final entropy, length and repetition: the last 5 steps; truncated: over all steps.",
+        "",
+    ]
+    if verdict_list:
+        text += [
+            "## Does each technique show its effect in the paper's direction?",
+            "",
+            "Computed from the paired differences to the row before (95% t-intervals over seeds): a check is "
+            "shown when its whole interval lies on the paper's side of 0.",
+            "",
+            *verdict_lines(verdict_list),
+            "",
+        ]
+    text += [*(f"![{p.stem}]({p.relative_to(out)})" for p in plots), ""]
+    path = out / "report.md"
+    path.write_text("\n".join(text))
+    return path

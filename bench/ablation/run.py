@@ -1,0 +1,94 @@
+"""Running the ablation: the start model built once, the runs of the plan in parallel processes, each an ordinary
+``dapo-train`` run, finished runs reused and interrupted ones resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from bench.ablation.figures import final_val
+from bench.ablation.plan import CONFIG_NAME
+
+
+def compose_setting(overrides: list[str], config_name: str = CONFIG_NAME):
+    from recipe.config import compose
+
+    return compose(overrides, config_name)
+
+
+def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> None:
+    """Build the task files and the warmed-up start model once, before the parallel runs (they all reuse it)."""
+    import torch
+
+    from recipe.common.warmup import task_files, warm_model
+    from recipe.embedded.config import read_config
+
+    c = read_config(compose_setting(extra, config_name))
+    if c.model.path is None:
+        torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
+        cuda = c.embedded.device == "cuda" or (c.embedded.device == "auto" and torch.cuda.is_available())
+        warm_model(
+            c.embedded.cache_dir,
+            c.embedded.task,
+            c.embedded.tiny_model,
+            c.embedded.warmup,
+            device=torch.device("cuda" if cuda else "cpu"),
+        )
+    elif c.data.train_files is None or c.data.val_files is None:
+        task_files(c.embedded.cache_dir, c.embedded.task)
+
+
+def _finished(run_dir: Path) -> bool:
+    return (run_dir / "ablation_done.json").is_file()
+
+
+def run_one(
+    name: str, overrides: list[str], run_dir: Path, config_name: str = CONFIG_NAME
+) -> tuple[str, Path, int, float]:
+    """One ``dapo-train`` run in its own process, its output in ``run_dir/log.txt``; (name, dir, rc, seconds)."""
+    start = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
+    with open(run_dir / "log.txt", "a") as log:
+        rc = subprocess.run(
+            [sys.executable, "-m", "recipe.cli", "--config-name", config_name, *overrides],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        ).returncode
+    seconds = time.perf_counter() - start
+    if rc == 0:
+        (run_dir / "ablation_done.json").write_text(json.dumps({"overrides": overrides, "seconds": seconds}) + "\n")
+    return name, run_dir, rc, seconds
+
+
+def run_all(plan: list[tuple[str, int, list[str], Path]], jobs: int, config_name: str = CONFIG_NAME) -> list[str]:
+    """Run every unfinished (row, seed) of ``plan``, ``jobs`` at a time; return the failures' descriptions."""
+    todo = [p for p in plan if not _finished(p[3])]
+    if len(todo) < len(plan):
+        print(f"reusing {len(plan) - len(todo)} finished run(s) under {plan[0][3].parents[1]}")
+    failures, start = [], time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [
+            pool.submit(run_one, f"{name} / seed {seed}", overrides, run_dir, config_name)
+            for name, seed, overrides, run_dir in todo
+        ]
+        for done, future in enumerate(as_completed(futures), 1):
+            name, run_dir, rc, seconds = future.result()
+            status = "ok" if rc == 0 else f"FAILED (exit {rc}; see {run_dir / 'log.txt'})"
+            final = final_val(run_dir)
+            acc = f", val acc {final:.3f}" if final is not None else ""
+            print(
+                f"[{done}/{len(todo)}] {name}: {status} in {seconds:.0f} s{acc}  "
+                f"(elapsed {time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
+            if rc != 0:
+                tail = (run_dir / "log.txt").read_text().strip().splitlines()[-5:]
+                failures.append(f"{name}: exit {rc}\n    " + "\n    ".join(tail))
+    return failures
