@@ -25,11 +25,12 @@ HIDDEN, INTERMEDIATE, LAYERS = 64, 128, 2  # the models of qwen2() below
 DEPTH = 2 * LAYERS + 2  # attention and MLP of each layer, the embedding and the head
 
 
-def qwen2(vocab_size: int, dtype=torch.float32):
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+def tiny_causal_lm(family: str, vocab_size: int, dtype, *, seed: int, tied: bool):
+    """A random ``family`` (``Qwen2`` or ``Llama``) causal LM of this file's shape, EOS and pad, in eval mode."""
+    import transformers
 
-    torch.manual_seed(0)
-    config = Qwen2Config(
+    torch.manual_seed(seed)
+    config = getattr(transformers, f"{family}Config")(
         vocab_size=vocab_size,
         hidden_size=HIDDEN,
         intermediate_size=INTERMEDIATE,
@@ -37,11 +38,15 @@ def qwen2(vocab_size: int, dtype=torch.float32):
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
     )
-    model = Qwen2ForCausalLM(config).to(dtype).eval()
-    model.generation_config = GenerationConfig(eos_token_id=EOS.tolist(), pad_token_id=PAD)
+    model = getattr(transformers, f"{family}ForCausalLM")(config).to(dtype).eval()
+    model.generation_config = transformers.GenerationConfig(eos_token_id=EOS.tolist(), pad_token_id=PAD)
     return model
+
+
+def qwen2(vocab_size: int, dtype=torch.float32):
+    return tiny_causal_lm("Qwen2", vocab_size, dtype, seed=0, tied=True)
 
 
 def prompts(vocab_size: int, count: int = 5, seed: int = 1) -> list[torch.Tensor]:

@@ -15,7 +15,7 @@ from recipe.embedded.decode import _PlainState, sample
 from recipe.embedded.fused_decoder import FusedDecoder, unsupported_reason
 from recipe.embedded.rollout import SamplingParams
 from tests.conftest import EPS64, reorder_bound
-from tests.embedded.test_decode import EOS, HIDDEN, INTERMEDIATE, LAYERS, PAD, PARAMS, prompts, qwen2
+from tests.embedded.test_decode import EOS, HIDDEN, INTERMEDIATE, LAYERS, PAD, PARAMS, prompts, qwen2, tiny_causal_lm
 
 pytestmark = pytest.mark.numerics
 
@@ -25,22 +25,7 @@ DEPTH = 2 * LAYERS + 2  # attention and MLP of each layer, the embedding and the
 def llama(vocab_size: int, dtype=torch.float64):
     """A random Llama of qwen2()'s shape without biases and with an untied head (the other half of what the decoder
     fuses and references)."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).to(dtype).eval()
-    model.generation_config = GenerationConfig(eos_token_id=EOS.tolist(), pad_token_id=PAD)
-    return model
+    return tiny_causal_lm("Llama", vocab_size, dtype, seed=1, tied=False)
 
 
 MODELS = {"qwen2": qwen2, "llama": llama}
