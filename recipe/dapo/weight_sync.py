@@ -13,11 +13,11 @@ resumed on the new weights (verl's ``FullyAsyncLLMServerClient``), so its tokens
 each keeps the log-prob of the one that sampled it. The ``dapo/weight_sync/*`` gap covers the responses sampled
 entirely by the last update's weights; ``dapo/partial_rollout/*`` the others (:func:`weight_sync_metrics`).
 
-Measured on a CPU (configs/experiment/cpu_tiny.yaml, fp32 actor and fp32 vLLM): about 1e-5 to 1e-4 when the sync
-works; a stale rollout (weights not updated after training steps) shows the policy's change instead, orders of
-magnitude larger. With a bf16 rollout against an fp32 actor expect about 1e-2 from rounding alone. verl logs the
-same comparison on probabilities (``training/rollout_probs_diff_*``); this one is on log-probs, the quantity the
-importance ratio is built from.
+A working sync gives a gap of rounding size, a stale rollout (weights not updated after training steps) one of the
+policy's change, orders of magnitude larger; a bf16 rollout against an fp32 actor about 1e-2 from rounding alone.
+The figures measured on a CPU, and the test that breaks the sync on purpose, are in ``docs/verl.md`` ("The
+weight-sync check"). verl logs the same comparison on probabilities (``training/rollout_probs_diff_*``); this one is
+on log-probs, the quantity the importance ratio is built from.
 """
 
 from __future__ import annotations
