@@ -354,7 +354,7 @@ class EmbeddedTrainer:
     def _compute_advantage(self, batch: dict, metrics: dict) -> dict:
         mask = batch["response_mask"]  # [N, T]
         last = (mask.sum(-1) - 1).clamp(min=0)  # [N] the response's last token, where verl puts the outcome reward
-        rewards = torch.zeros(mask.shape, dtype=batch["reward"].dtype)  # [N, T]
+        rewards = torch.zeros_like(mask, dtype=batch["reward"].dtype)  # [N, T] on the batch's device
         rewards.scatter_(1, last.unsqueeze(-1), batch["reward"].unsqueeze(-1))
         advantages = token_advantages(
             rewards, mask, self.c.rollout.n, norm_adv_by_std_in_grpo=self.c.algorithm.norm_adv_by_std_in_grpo
