@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from recipe.common.metrics_file import METRICS_FILE, read_records
+
 
 def parser(description: str, *, repeats: bool = True) -> argparse.ArgumentParser:
     """Every bench's command line: its docstring as the help (kept as written), ``--json``, and ``--repeats`` for the
@@ -57,20 +59,16 @@ def write_json(path: Path | None, figures: dict) -> None:
 
 
 def read_steps(path: Path) -> dict[int, dict]:
-    """``{step: metrics}`` from a ``metrics.jsonl`` of either engine (a run directory or the file itself): verl's
-    file logger writes ``{"step": s, "data": {...}}`` lines, the embedded engine flat ``{"step": s, name: value}``
-    lines; the lines of one step are merged, later ones winning."""
+    """``{step: metrics}`` from a ``metrics.jsonl`` (a run directory or the file itself), either engine's: the
+    records of one step merged, later ones winning (:func:`recipe.common.metrics_file.read_records`)."""
     path = Path(path)
     if path.is_dir():
-        path = path / "metrics.jsonl"
+        path = path / METRICS_FILE
     if not path.is_file():
         raise SystemExit(f"{path} is missing: run the engine first (make train-smollm2 / make verl-cpu-smollm2)")
     steps: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            data = record["data"] if "data" in record else {k: v for k, v in record.items() if k != "step"}
-            steps.setdefault(int(record["step"]), {}).update(data)
+    for record in read_records(path):
+        steps.setdefault(int(record["step"]), {}).update({k: v for k, v in record.items() if k != "step"})
     return steps
 
 

@@ -10,19 +10,18 @@ or ``wandb.log`` fails, training goes on without W&B after one warning.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import uuid
 from pathlib import Path
 
+from recipe.common.metrics_file import METRICS_FILE, metrics_line, read_records
 from recipe.common.tracking import WANDB_INIT_TIMEOUT_S, offline_reason
 from recipe.embedded.config import VERL_LOGGERS
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 PLOTS = {  # file name -> (title, [(y-axis label, metric names drawn), ...]: one panel each, sharing the step axis)
     "reward_accuracy.png": (
         "reward and accuracy",
@@ -52,20 +51,9 @@ PLOTS = {  # file name -> (title, [(y-axis label, metric names drawn), ...]: one
 }
 
 
-def metrics_line(step: int, metrics: dict) -> str:
-    """One line of ``metrics.jsonl`` in verl's format (its ``file`` logger, ``verl/utils/tracking.py``), so that
-    both engines' runs read the same: ``{"step": s, "data": {name: value, ...}}``."""
-    return json.dumps({"step": step, "data": metrics}, separators=(",", ":")) + "\n"  # compact, as orjson writes
-
-
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of ``run_dir/metrics.jsonl`` in file order, each flat: ``{"step": s, name: value, ...}``. Lines
-    in the flat format an earlier version wrote are read as they are."""
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{"step": r["step"], **r["data"]} if "data" in r else r for r in records]
+    """The records of ``run_dir/metrics.jsonl``, each flat (:func:`recipe.common.metrics_file.read_records`)."""
+    return read_records(run_dir / METRICS_FILE)
 
 
 class Monitor:

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
+from recipe.common.metrics_file import metrics_line
 from recipe.common.tracking import WANDB_CONNECT_TIMEOUT_S
-from recipe.embedded.monitor import Monitor, metrics_line, read_metrics, write_plots
+from recipe.embedded.monitor import Monitor, read_metrics, write_plots
 
 
 def _closed_port() -> int:
