@@ -8,7 +8,8 @@ the restart (``verl/utils/tracking.py:FileLogger``). Here, as in the embedded en
 - :func:`choose_checkpoint` checks the tracked checkpoint's files (:mod:`recipe.common.integrity`) and, when one
   is damaged (a file cut short by a kill during the save, a disk that filled up), names it and points verl at the
   newest intact one (``trainer.resume_mode=resume_path``, ``trainer.resume_from_path``); a checkpoint whose step
-  never reached ``metrics.jsonl`` (killed between verl's save and its log) is skipped the same way;
+  never reached ``metrics.jsonl`` (killed between verl's save and its log) is skipped the same way (the run's
+  only checkpoint: the run starts over);
 - :func:`trim_metrics` keeps the records of the steps up to the resumed checkpoint and drops those a killed run
   logged after it (they are trained and logged again), and
   :func:`recipe.dapo.verl_patches.patch_file_logger_append` makes verl's file
@@ -59,7 +60,18 @@ def choose_checkpoint(config: DictConfig, log=print) -> Path | None:
     steps = sorted((int(m.group(1)) for p in run_dir.iterdir() if (m := _STEP_DIR.match(p.name))), reverse=True)
     # the tracked one first, even if missing (then named as such and skipped), then the others newest first
     candidates = [tracked] + [run_dir / f"global_step_{s}" for s in steps if run_dir / f"global_step_{s}" != tracked]
-    chosen = newest_intact(run_dir, candidates, _damage_or_unlogged(config, candidates), log)
+    path = metrics_path(config)
+    unlogged = unlogged_step(path) if path is not None else None
+    if [step_of(c) for c in candidates] == [unlogged]:
+        # the run's only checkpoint, saved and never logged: nothing before it to resume from, so it starts over
+        log(
+            f"warning: checkpoint {tracked} is skipped: step {unlogged} has no record in {path} (the run stopped "
+            "after saving the checkpoint and before logging the step); the run starts over from step 0"
+        )
+        with open_dict(config):
+            config.trainer.resume_mode = "disable"
+        return None
+    chosen = newest_intact(run_dir, candidates, _damage_or_unlogged(path, unlogged), log)
     if chosen != tracked:  # verl would resume the tracked one: point it at the chosen one
         with open_dict(config):
             config.trainer.resume_mode = "resume_path"
@@ -67,29 +79,35 @@ def choose_checkpoint(config: DictConfig, log=print) -> Path | None:
     return chosen
 
 
-def _damage_or_unlogged(config: DictConfig, candidates: list[Path]):
-    """:func:`checkpoint_damage`, and a checkpoint whose step has no record in the run's ``metrics.jsonl``.
+def _damage_or_unlogged(path: Path | None, unlogged: int | None):
+    """:func:`checkpoint_damage`, and the checkpoint of step ``unlogged`` (:func:`unlogged_step` of ``path``).
 
     verl saves a step's checkpoint before it logs the step's metrics (``trainer_base.py``, ``fit``: the save inside
     the step, the record after validation), so a run killed in between leaves a checkpoint of a step that was never
     logged; resuming from it would lose that record for good. Such a checkpoint is skipped like a damaged one and
-    the run resumes from the one before, training and logging that step again. Not applied when the run keeps no
-    metrics file, or when none of the checkpoints' steps was logged (a run that logged elsewhere until now)."""
-    path = metrics_path(config)
-    logged = logged_steps(path) if path is not None else set()
-    if not any(step_of(c) in logged for c in candidates):
-        return checkpoint_damage
+    the run resumes from the one before, training and logging that step again."""
 
     def damage(checkpoint: Path) -> str | None:
         problem = checkpoint_damage(checkpoint)
-        if problem is None and step_of(checkpoint) not in logged:
+        if problem is None and step_of(checkpoint) == unlogged:
             return (
-                f"step {step_of(checkpoint)} has no record in {path} (the run stopped after saving the checkpoint "
+                f"step {unlogged} has no record in {path} (the run stopped after saving the checkpoint "
                 "and before logging the step); that step is trained and logged again"
             )
         return problem
 
     return damage
+
+
+def unlogged_step(path: Path) -> int | None:
+    """The step a run logging to ``path`` stopped in between saving and logging: the first step with no record
+    there, when ``path`` exists (verl's file logger creates it before step 1). A checkpoint of a later step was
+    not written by a run logging here (it would have logged the steps before), and a missing file means the run
+    logged elsewhere until now: neither is skipped."""
+    if not path.is_file():
+        return None
+    logged = logged_steps(path)
+    return next(step for step in range(1, len(logged) + 2) if step not in logged)
 
 
 def _records(path: Path) -> list[tuple[int | None, str]]:

@@ -430,8 +430,44 @@ def test_the_verl_resume_skips_a_checkpoint_whose_step_was_never_logged(tmp_path
 
     metrics.write_text(record(0) + record(1) + record(2))
     assert choose_checkpoint(config()) == tmp_path / "global_step_2"
-    metrics.write_text(record(0))  # no checkpoint's step logged here: the files decide
+    metrics.write_text(record(0))  # step 1 was logged elsewhere (this run did not log here): the files decide
     assert choose_checkpoint(config()) == tmp_path / "global_step_2"
+    metrics.unlink()  # no file: the run logged elsewhere until now
+    assert choose_checkpoint(config()) == tmp_path / "global_step_2"
+
+
+def test_the_verl_resume_starts_over_when_its_only_checkpoint_was_never_logged(tmp_path, capsys, monkeypatch):
+    """Killed between saving step 1 and logging it (the file logger had created the file, with the validation
+    before training as its only record): nothing before the checkpoint to resume from, so the run starts over
+    (``resume_mode=disable``) and logs step 1, where resuming from it would have lost step 1's record."""
+    import json
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.resume import choose_checkpoint, prepare_metrics
+
+    (tmp_path / "global_step_1" / "actor").mkdir(parents=True)
+    torch.save({"w": torch.zeros(10)}, tmp_path / "global_step_1" / "actor" / "model.pt")
+    torch.save({}, tmp_path / "global_step_1" / "data.pt")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics))
+    trainer = {"resume_mode": "auto", "default_local_dir": str(tmp_path), "resume_from_path": None}
+    config = OmegaConf.create({"trainer": {**trainer, "logger": ["console", "file"]}})
+    metrics.write_text(json.dumps({"step": 0, "data": {"val-core/acc": 0.1}}) + "\n")
+
+    assert choose_checkpoint(config) is None
+    assert config.trainer.resume_mode == "disable"
+    out = capsys.readouterr().out
+    assert f"checkpoint {tmp_path / 'global_step_1'} is skipped: step 1 has no record in {metrics}" in out
+    assert "the run starts over from step 0" in out
+    prepare_metrics(config, None)
+    assert not metrics.exists()  # the new start logs step 0 again
+
+    metrics.write_text(json.dumps({"step": 1, "data": {"actor/pg_loss": 0.1}}) + "\n")  # step 1 logged: resumed
+    config.trainer.resume_mode = "auto"
+    assert choose_checkpoint(config) == tmp_path / "global_step_1"
 
 
 # ------------------------------------------------------------------------------------------- refusals leave no trace
