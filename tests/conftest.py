@@ -31,6 +31,24 @@ def prompt_lengths(tokenizer, rows) -> list[int]:
     ]
 
 
+def tiny_qwen2(task, *, hidden_size: int, num_hidden_layers: int, max_position_embeddings: int, **tokenizer_kwargs):
+    """A random Qwen2 of the given width and depth (MLP twice as wide, 2 heads, 1 KV head, seed 0) and the task's
+    tokenizer (:func:`recipe.common.task.build_tokenizer` with ``tokenizer_kwargs``): ``(model, tokenizer)``."""
+    from recipe.common.task import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer(task, **tokenizer_kwargs)
+    torch.manual_seed(0)
+    shape = dict(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_position_embeddings)
+    model = build_model(
+        tokenizer,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        **shape,
+    )
+    return model, tokenizer
+
+
 def run_process(argv, *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """``argv`` run to its end, its stdout and stderr captured as text (``subprocess.run``'s other keywords pass
     through: ``cwd``, ``env``, ``input``)."""

@@ -140,19 +140,13 @@ def test_sampling_defaults_are_one_set(tiny_run):
 def two_stop_model(tmp_path_factory) -> tuple[Path, int, int]:
     """A tiny Qwen2 saved as a Hugging Face model whose generation config stops on two tokens, only one of which
     is the tokenizer's EOS (as instruct models do: ``<|im_end|>`` and ``<|endoftext|>``)."""
-    from recipe.common.task import AdditionTask, build_model, build_tokenizer
+    from recipe.common.task import AdditionTask
+    from tests.conftest import tiny_qwen2
 
     path = tmp_path_factory.mktemp("two-stop-model")
-    tokenizer = build_tokenizer(AdditionTask(digits=1, val_size=16), corpus_size=200)
-    torch.manual_seed(0)
-    model = build_model(
-        tokenizer,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
+    task = AdditionTask(digits=1, val_size=16)
+    model, tokenizer = tiny_qwen2(
+        task, hidden_size=16, num_hidden_layers=1, max_position_embeddings=64, corpus_size=200
     )
     second = tokenizer.bos_token_id  # any other token id: the second stop token
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, second]

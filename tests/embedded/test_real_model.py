@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from recipe import cli
-from recipe.common.task import AdditionTask, build_model, build_tokenizer
+from recipe.common.task import AdditionTask
 from recipe.embedded.monitor import read_metrics
+from tests.conftest import tiny_qwen2
 
 
 @pytest.mark.slow
@@ -16,17 +16,7 @@ def test_local_model_dir_trains_and_validates_on_aime(tiny_run, tmp_path, aime_p
     task = AdditionTask(digits=1, val_size=16)
     train_file, _ = task.write_parquet(tmp_path / "data")
     model_dir = tmp_path / "tiny-qwen2"
-    tokenizer = build_tokenizer(task)
-    torch.manual_seed(0)
-    model = build_model(
-        tokenizer,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=4096,
-    )
+    model, tokenizer = tiny_qwen2(task, hidden_size=64, num_hidden_layers=2, max_position_embeddings=4096)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
 
