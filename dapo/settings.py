@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from dapo.loss import CLIP_RATIO_C, LOSS_AGG_MODES, LOSS_MODES
@@ -34,6 +34,7 @@ class ConfigError(ValueError):
 
 
 ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
 
 # Dynamic sampling's filter metric: the per-response value whose constancy over a group drops the group.
 # Both engines accept exactly these (DAPO filters on accuracy, paper Eq. 11).
@@ -228,12 +229,30 @@ class FilterSettings:
         )
 
 
+def verl_field(key: str, help: str, default: Any = MISSING) -> Any:  # noqa: A002 (dataclasses' own word)
+    """A field read from verl's key ``key``: its one declaration (key, meaning, default), which the embedded
+    engine's sections reuse (:func:`shared_declaration`) instead of declaring the key again."""
+    return field(default=default, metadata={"key": key, "help": help})
+
+
+def shared_declaration(key: str) -> tuple[str, str]:
+    """``(key, help)`` of the :func:`verl_field` that reads ``key`` (:class:`RunSettings`,
+    :class:`SamplingSettings`); ``KeyError`` for a key no settings class declares."""
+    for cls in (RunSettings, SamplingSettings):
+        for f in fields(cls):
+            if f.metadata.get("key") == key:
+                return key, f.metadata["help"]
+    raise KeyError(f"{key} is not declared in dapo.settings")
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """Batch sizes and the batch filler's options (``dapo.sampling.*``, see :class:`dapo.sampling.BatchFiller`)."""
 
-    train_batch_size: int = field(metadata={"help": "data.train_batch_size: prompt groups per train step"})
-    gen_batch_size: int = field(metadata={"help": "data.gen_batch_size: prompts per round (null: train batch)"})
+    train_batch_size: int = verl_field(
+        "data.train_batch_size", "prompt groups per train step (dynamic sampling's kept)"
+    )
+    gen_batch_size: int = verl_field("data.gen_batch_size", "prompts per generation round (null: the train batch)")
     adaptive: bool = field(default=False, metadata={"help": "size rounds from the running kept fraction"})
     min_gen_batch_size: int | None = field(default=None, metadata={"help": "adaptive lower bound (null: tbs / 4)"})
     safety_margin: float = field(default=0.25, metadata={"help": "extra prompts per adaptive round, a fraction"})
@@ -385,8 +404,6 @@ def eos_token_ids(
 
 # ---------------------------------------------------------------------------------------------------- the run
 
-ROLLOUT = "actor_rollout_ref.rollout"
-
 
 def _check_range(
     key: str, value: Any, *, low: float, high: float, low_open: bool, high_open: bool, hint: str = ""
@@ -404,45 +421,47 @@ class RunSettings:
     """The verl keys every DAPO run sets, with the ranges both engines accept (verl checks some of them only inside
     its Ray workers, after minutes of start-up)."""
 
-    n: int = field(
-        default=16, metadata={"help": "rollout.n: responses per prompt (>= 2: advantages are relative to the group)"}
+    n: int = verl_field(f"{ROLLOUT}.n", "responses per prompt (a group; >= 2: advantages compare them)", 16)
+    temperature: float = verl_field(f"{ROLLOUT}.temperature", "training sampling temperature, > 0", 1.0)
+    top_p: float = verl_field(f"{ROLLOUT}.top_p", "training nucleus sampling, in (0, 1]", 1.0)
+    top_k: int = verl_field(f"{ROLLOUT}.top_k", "training top-k: -1 or 0 off, else >= 1", -1)
+    val_n: int = verl_field(f"{ROLLOUT}.val_kwargs.n", "responses per validation prompt (mean@val_n), >= 1", 1)
+    val_temperature: float = verl_field(
+        f"{ROLLOUT}.val_kwargs.temperature", "validation temperature, > 0 when val_kwargs.do_sample", 1.0
     )
-    temperature: float = field(default=1.0, metadata={"help": "rollout.temperature, > 0"})
-    top_p: float = field(default=1.0, metadata={"help": "rollout.top_p, in (0, 1]"})
-    top_k: int = field(default=-1, metadata={"help": "rollout.top_k: -1 or 0 off, else >= 1"})
-    val_n: int = field(default=1, metadata={"help": "rollout.val_kwargs.n: responses per validation prompt, >= 1"})
-    val_temperature: float = field(
-        default=1.0, metadata={"help": "rollout.val_kwargs.temperature, > 0 when val_kwargs.do_sample"}
+    val_top_p: float = verl_field(f"{ROLLOUT}.val_kwargs.top_p", "validation nucleus sampling, in (0, 1]", 1.0)
+    max_prompt_length: int = verl_field("data.max_prompt_length", "prompt tokens after the chat template, >= 1", 512)
+    max_response_length: int = verl_field("data.max_response_length", "L_max: the response budget in tokens", 512)
+    lr: float = verl_field(f"{ACTOR}.optim.lr", "AdamW learning rate, > 0", 1e-6)
+    betas: tuple[float, float] = verl_field(f"{ACTOR}.optim.betas", "AdamW betas, each in [0, 1)", (0.9, 0.999))
+    weight_decay: float = verl_field(f"{ACTOR}.optim.weight_decay", "AdamW weight decay, >= 0", 0.01)
+    ppo_mini_batch_size: int = verl_field(
+        f"{ACTOR}.ppo_mini_batch_size", "prompts per optimizer step; divides data.train_batch_size (unset: all)", 1
     )
-    val_top_p: float = field(default=1.0, metadata={"help": "rollout.val_kwargs.top_p, in (0, 1]"})
-    max_prompt_length: int = field(default=512, metadata={"help": "data.max_prompt_length, tokens, >= 1"})
-    max_response_length: int = field(default=512, metadata={"help": "data.max_response_length: L_max, >= 1"})
-    lr: float = field(default=1e-6, metadata={"help": "actor.optim.lr, > 0"})
-    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "actor.optim.betas, each in [0, 1)"})
-    weight_decay: float = field(default=0.01, metadata={"help": "actor.optim.weight_decay, >= 0"})
-    ppo_mini_batch_size: int = field(
-        default=1,
-        metadata={"help": "actor.ppo_mini_batch_size: prompts, divides data.train_batch_size (unset: all of it)"},
+    ppo_epochs: int = verl_field(f"{ACTOR}.ppo_epochs", "passes over the train batch, >= 1", 1)
+    total_training_steps: int | None = verl_field(
+        "trainer.total_training_steps", "steps, >= 1 (null: trainer.total_epochs over the data)", None
     )
-    ppo_epochs: int = field(default=1, metadata={"help": "actor.ppo_epochs, >= 1"})
-    total_training_steps: int | None = field(
-        default=None, metadata={"help": "trainer.total_training_steps, >= 1 (null: total_epochs)"}
+    total_epochs: int = verl_field(
+        "trainer.total_epochs", "epochs over the train set when total_training_steps is null, >= 1", 1
     )
-    total_epochs: int = field(default=1, metadata={"help": "trainer.total_epochs, >= 1"})
-    test_freq: int = field(default=-1, metadata={"help": "trainer.test_freq: steps between validations (<= 0: never)"})
-    save_freq: int = field(default=-1, metadata={"help": "trainer.save_freq: steps between checkpoints (<= 0: never)"})
+    test_freq: int = verl_field("trainer.test_freq", "steps between validations (<= 0: never)", -1)
+    save_freq: int = verl_field("trainer.save_freq", "steps between checkpoints (<= 0: never)", -1)
 
     @classmethod
     def from_config(cls, config: Mapping) -> RunSettings:
-        d = {f.name: f.default for f in fields(cls)}
-        get = lambda key, name: select(config, key, d[name])  # noqa: E731
-        n = check_int(f"{ROLLOUT}.n", get(f"{ROLLOUT}.n", "n"), minimum=1)
+        declared = {f.name: f for f in fields(cls)}
+
+        def get(name: str) -> Any:  # the field's verl key, its default when the key is missing or null
+            return select(config, declared[name].metadata["key"], declared[name].default)
+
+        n = check_int(f"{ROLLOUT}.n", get("n"), minimum=1)
         if n < 2:
             raise ConfigError(
                 f"{ROLLOUT}.n={n}: DAPO's advantages compare the responses of a prompt with each other, and dynamic "
                 "sampling keeps groups whose accuracy differs, so a group needs at least 2; the paper uses 16"
             )
-        temperature = check_float(f"{ROLLOUT}.temperature", get(f"{ROLLOUT}.temperature", "temperature"))
+        temperature = check_float(f"{ROLLOUT}.temperature", get("temperature"))
         if temperature <= 0:
             raise ConfigError(
                 f"{ROLLOUT}.temperature must be > 0, got {temperature!r}: training samples its "
@@ -450,22 +469,22 @@ class RunSettings:
             )
         val = f"{ROLLOUT}.val_kwargs"
         do_sample = select(config, f"{val}.do_sample", True)
-        val_temperature = check_float(f"{val}.temperature", get(f"{val}.temperature", "val_temperature"))
+        val_temperature = check_float(f"{val}.temperature", get("val_temperature"))
         if do_sample and val_temperature <= 0:
             raise ConfigError(
                 f"{val}.temperature must be > 0 when {val}.do_sample=true, got {val_temperature!r}; "
                 f"for greedy validation set {val}.do_sample=false (the paper: temperature 1.0)"
             )
-        betas = get(f"{ACTOR}.optim.betas", "betas")
+        betas = get("betas")
         if not isinstance(betas, Sequence) or isinstance(betas, str) or len(betas) != 2:
             raise ConfigError(f"{ACTOR}.optim.betas must be a pair [beta1, beta2], got {betas!r}")
         betas = tuple(
             _check_range(f"{ACTOR}.optim.betas", b, low=0, high=1, low_open=False, high_open=True) for b in betas
         )
-        lr = check_float(f"{ACTOR}.optim.lr", get(f"{ACTOR}.optim.lr", "lr"))
+        lr = check_float(f"{ACTOR}.optim.lr", get("lr"))
         if lr <= 0:
             raise ConfigError(f"{ACTOR}.optim.lr must be > 0, got {lr!r}; the paper uses 1e-6")
-        weight_decay = check_float(f"{ACTOR}.optim.weight_decay", get(f"{ACTOR}.optim.weight_decay", "weight_decay"))
+        weight_decay = check_float(f"{ACTOR}.optim.weight_decay", get("weight_decay"))
         if weight_decay < 0:
             raise ConfigError(f"{ACTOR}.optim.weight_decay must be >= 0, got {weight_decay!r} (the paper: 0.1)")
         train = check_int("data.train_batch_size", select(config, "data.train_batch_size", 1), minimum=1)
@@ -482,43 +501,33 @@ class RunSettings:
         return cls(
             n=n,
             temperature=temperature,
-            top_p=_check_range(
-                f"{ROLLOUT}.top_p", get(f"{ROLLOUT}.top_p", "top_p"), low=0, high=1, low_open=True, high_open=False
-            ),
-            top_k=check_int(
-                f"{ROLLOUT}.top_k", get(f"{ROLLOUT}.top_k", "top_k"), minimum=-1, hint=" (-1 or 0: no top-k)"
-            ),
-            val_n=check_int(f"{val}.n", get(f"{val}.n", "val_n"), minimum=1),
+            top_p=_check_range(f"{ROLLOUT}.top_p", get("top_p"), low=0, high=1, low_open=True, high_open=False),
+            top_k=check_int(f"{ROLLOUT}.top_k", get("top_k"), minimum=-1, hint=" (-1 or 0: no top-k)"),
+            val_n=check_int(f"{val}.n", get("val_n"), minimum=1),
             val_temperature=val_temperature,
-            val_top_p=_check_range(
-                f"{val}.top_p", get(f"{val}.top_p", "val_top_p"), low=0, high=1, low_open=True, high_open=False
-            ),
-            max_prompt_length=check_int(
-                "data.max_prompt_length", get("data.max_prompt_length", "max_prompt_length"), minimum=1
-            ),
-            max_response_length=check_int(
-                "data.max_response_length", get("data.max_response_length", "max_response_length"), minimum=1
-            ),
+            val_top_p=_check_range(f"{val}.top_p", get("val_top_p"), low=0, high=1, low_open=True, high_open=False),
+            max_prompt_length=check_int("data.max_prompt_length", get("max_prompt_length"), minimum=1),
+            max_response_length=check_int("data.max_response_length", get("max_response_length"), minimum=1),
             lr=lr,
             betas=betas,
             weight_decay=weight_decay,
             ppo_mini_batch_size=mini,
-            ppo_epochs=check_int(f"{ACTOR}.ppo_epochs", get(f"{ACTOR}.ppo_epochs", "ppo_epochs"), minimum=1),
+            ppo_epochs=check_int(f"{ACTOR}.ppo_epochs", get("ppo_epochs"), minimum=1),
             total_training_steps=None
             if steps is None
             else check_int(
                 "trainer.total_training_steps", steps, minimum=1, hint=" (null: trainer.total_epochs over the data)"
             ),
-            total_epochs=check_int("trainer.total_epochs", get("trainer.total_epochs", "total_epochs"), minimum=1),
+            total_epochs=check_int("trainer.total_epochs", get("total_epochs"), minimum=1),
             test_freq=check_int(
                 "trainer.test_freq",
-                get("trainer.test_freq", "test_freq"),
+                get("test_freq"),
                 minimum=None,
                 hint=" (an integer; <= 0: never)",
             ),
             save_freq=check_int(
                 "trainer.save_freq",
-                get("trainer.save_freq", "save_freq"),
+                get("save_freq"),
                 minimum=None,
                 hint=" (an integer; <= 0: never)",
             ),

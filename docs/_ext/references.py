@@ -39,7 +39,8 @@ def configuration_page() -> str:
         ]
         for field in dataclasses.fields(cls):
             default = field.default if field.default is not dataclasses.MISSING else "(required)"
-            lines.append(f"| `{field.name}` | `{default!r}` | {_cell(field.metadata.get('help', ''))} |")
+            key = f"`{field.metadata['key']}`: " if "key" in field.metadata else ""
+            lines.append(f"| `{field.name}` | `{default!r}` | {key}{_cell(field.metadata.get('help', ''))} |")
         lines.append("")
     from recipe.common.watchdog import WatchdogSettings
 
@@ -60,7 +61,8 @@ def configuration_page() -> str:
         "Generated from the field metadata of `recipe.embedded.config`: every key the embedded engine reads, "
         "by section. Defaults are the composed config's (`configs/embedded.yaml` over `configs/dapo_trainer.yaml` "
         "over verl's `ppo_trainer`); a key missing from the config is refused, naming it. Keys marked *shared* "
-        "are checked by `RunSettings` above for both engines.",
+        "are declared once, in `dapo.settings` above (key, meaning, check), for both engines; the embedded engine "
+        "refuses a config that lacks one where `dapo.settings` would take its default.",
         "",
     ]
     for cls in embedded_config.SECTIONS:

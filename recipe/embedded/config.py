@@ -17,19 +17,21 @@ configuration reference is generated from them), built by a ``from_config`` clas
 
 :class:`EngineConfig` holds them, with :class:`dapo.settings.DapoSettings` (the loss, dynamic sampling, overlong
 filtering and shaping), built from the config exactly as the verl engine builds it. Values both engines check
-(``dapo.settings.RunSettings``: ``rollout.n``, sampling, lengths, optimizer, schedule) are taken from there, not
-read twice. There are no fallback defaults: the composed config carries verl's own YAML (``configs/dapo_trainer.yaml``
-composes ``ppo_trainer``), so a key the engine reads is always declared; a missing one is a config not composed from
-``configs/`` and is refused naming the key. Meanings are verl's: ``data.train_batch_size`` and
-``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n`` responses), while
-``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count responses.
+(``dapo.settings.RunSettings``: ``rollout.n``, sampling, lengths, optimizer, schedule) are declared there once
+(``_shared``: key, meaning, check) and their values taken from there, not read twice. There are no fallback
+defaults: the composed config carries verl's own YAML (``configs/dapo_trainer.yaml`` composes ``ppo_trainer``), so
+a key the engine reads is always declared; a missing one, shared keys included (``dapo.settings`` alone would give
+its default), is a config not composed from ``configs/`` and is refused naming the key. Meanings are verl's:
+``data.train_batch_size`` and ``actor.ppo_mini_batch_size`` count prompts (a prompt brings ``rollout.n``
+responses), while ``actor.ppo_micro_batch_size_per_gpu`` and ``rollout.log_prob_micro_batch_size_per_gpu`` count
+responses.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from dapo.settings import (
     check_int,
     divisor_near,
     select,
+    shared_declaration,
 )
 from recipe.common.watchdog import WatchdogSettings
 
@@ -67,10 +70,16 @@ ACTOR = "actor_rollout_ref.actor"
 MODEL = "actor_rollout_ref.model"
 
 
-def _key(key: str, help: str, *, shared: bool = False) -> Any:  # noqa: A002 (dataclasses' own word)
-    """A section field: its verl key and meaning; ``shared``: checked by ``dapo.settings.RunSettings`` for both
-    engines and taken from there."""
-    return field(metadata={"key": key, "help": help, "shared": shared})
+def _key(key: str, help: str) -> Any:  # noqa: A002 (dataclasses' own word)
+    """A section field the embedded engine alone reads: its verl key and meaning."""
+    return field(metadata={"key": key, "help": help, "shared": False})
+
+
+def _shared(key: str) -> Any:
+    """A section field both engines read: declared once in :mod:`dapo.settings` (:func:`dapo.settings.verl_field`,
+    key, meaning, check), its value taken from there."""
+    key, help = shared_declaration(key)  # noqa: A001
+    return field(metadata={"key": key, "help": help, "shared": True})
 
 
 def _get(config: Mapping, key: str, default: Any = None) -> Any:
@@ -105,12 +114,10 @@ class DataConfig:
     val_max_samples: int = _key("data.val_max_samples", "rows read from the validation files (-1: all)")
     prompt_key: str = _key("data.prompt_key", "the column holding the chat messages")
     reward_fn_key: str = _key("data.reward_fn_key", "the column naming each row's data source")
-    max_prompt_length: int = _key("data.max_prompt_length", "prompt tokens after the chat template", shared=True)
-    max_response_length: int = _key("data.max_response_length", "L_max: the response budget in tokens", shared=True)
-    train_batch_size: int = _key(
-        "data.train_batch_size", "prompts per step (groups kept by dynamic sampling)", shared=True
-    )
-    gen_batch_size: int = _key("data.gen_batch_size", "prompts per generation round", shared=True)
+    max_prompt_length: int = _shared("data.max_prompt_length")
+    max_response_length: int = _shared("data.max_response_length")
+    train_batch_size: int = _shared("data.train_batch_size")
+    gen_batch_size: int = _shared("data.gen_batch_size")
     val_batch_size: int | None = _key("data.val_batch_size", "prompts per validation sampling call (null: all)")
     shuffle: bool = _key("data.shuffle", "draw train prompts in a seeded shuffled order each epoch")
     seed: int = _key("data.seed", "the prompt order's seed (null: embedded.seed)")
@@ -165,13 +172,13 @@ class DataConfig:
 class RolloutConfig:
     """``actor_rollout_ref.rollout.*``: how responses are sampled for training and for validation."""
 
-    n: int = _key(f"{ROLLOUT}.n", "responses per prompt (a group)", shared=True)
-    temperature: float = _key(f"{ROLLOUT}.temperature", "training sampling temperature", shared=True)
-    top_p: float = _key(f"{ROLLOUT}.top_p", "training nucleus sampling", shared=True)
-    top_k: int = _key(f"{ROLLOUT}.top_k", "training top-k (0: off; verl's -1 reads as 0)", shared=True)
-    val_n: int = _key(f"{ROLLOUT}.val_kwargs.n", "responses per validation prompt (mean@val_n)", shared=True)
-    val_temperature: float = _key(f"{ROLLOUT}.val_kwargs.temperature", "validation temperature", shared=True)
-    val_top_p: float = _key(f"{ROLLOUT}.val_kwargs.top_p", "validation nucleus sampling", shared=True)
+    n: int = _shared(f"{ROLLOUT}.n")
+    temperature: float = _shared(f"{ROLLOUT}.temperature")
+    top_p: float = _shared(f"{ROLLOUT}.top_p")
+    top_k: int = _shared(f"{ROLLOUT}.top_k")
+    val_n: int = _shared(f"{ROLLOUT}.val_kwargs.n")
+    val_temperature: float = _shared(f"{ROLLOUT}.val_kwargs.temperature")
+    val_top_p: float = _shared(f"{ROLLOUT}.val_kwargs.top_p")
     val_top_k: int = _key(f"{ROLLOUT}.val_kwargs.top_k", "validation top-k (0: off; -1 reads as 0)")
     val_do_sample: bool = _key(f"{ROLLOUT}.val_kwargs.do_sample", "sample validation responses (false: greedy)")
     max_num_seqs: int = _key(f"{ROLLOUT}.max_num_seqs", "responses decoded at once (memory: the KV cache)")
@@ -211,20 +218,20 @@ class RolloutConfig:
 class ActorConfig:
     """``actor_rollout_ref.actor.*``: how the policy update batches the train batch, and its optimizer."""
 
-    ppo_mini_batch_size: int = _key(f"{ACTOR}.ppo_mini_batch_size", "prompts per optimizer step", shared=True)
+    ppo_mini_batch_size: int = _shared(f"{ACTOR}.ppo_mini_batch_size")
     ppo_micro_batch_size: int = _key(
         f"{ACTOR}.ppo_micro_batch_size_per_gpu",
         "responses per forward/backward (gradients accumulate; the loss is unchanged)",
     )
-    ppo_epochs: int = _key(f"{ACTOR}.ppo_epochs", "passes over the train batch", shared=True)
+    ppo_epochs: int = _shared(f"{ACTOR}.ppo_epochs")
     grad_clip: float = _key(
         f"{ACTOR}.optim.clip_grad",
         "largest gradient norm an update keeps (optim.grad_clip, deprecated, overrides it when set)",
     )
-    lr: float = _key(f"{ACTOR}.optim.lr", "AdamW learning rate", shared=True)
+    lr: float = _shared(f"{ACTOR}.optim.lr")
     lr_warmup_steps: int = _key(f"{ACTOR}.optim.lr_warmup_steps", "linear warm-up steps (-1 or 0: none)")
-    weight_decay: float = _key(f"{ACTOR}.optim.weight_decay", "AdamW weight decay", shared=True)
-    betas: tuple[float, float] = _key(f"{ACTOR}.optim.betas", "AdamW betas", shared=True)
+    weight_decay: float = _shared(f"{ACTOR}.optim.weight_decay")
+    betas: tuple[float, float] = _shared(f"{ACTOR}.optim.betas")
     entropy_coeff: float = _key(f"{ACTOR}.entropy_coeff", "entropy bonus in the loss (DAPO: 0)")
 
     @classmethod
@@ -362,12 +369,10 @@ def _optional_path(value) -> str | None:
 class TrainerConfig:
     """``trainer.*``: how long, how often to validate and save, where, and what to log."""
 
-    total_training_steps: int | None = _key("trainer.total_training_steps", "steps (null: total_epochs)", shared=True)
-    total_epochs: int = _key(
-        "trainer.total_epochs", "epochs over the train set when total_training_steps is null", shared=True
-    )
-    test_freq: int = _key("trainer.test_freq", "steps between validations", shared=True)
-    save_freq: int = _key("trainer.save_freq", "steps between checkpoints", shared=True)
+    total_training_steps: int | None = _shared("trainer.total_training_steps")
+    total_epochs: int = _shared("trainer.total_epochs")
+    test_freq: int = _shared("trainer.test_freq")
+    save_freq: int = _shared("trainer.save_freq")
     logger: tuple[str, ...] = _key(
         "trainer.logger",
         "console, wandb (offline without credentials), file (metrics.jsonl, always written), and through verl's "
@@ -494,6 +499,10 @@ def read_config(cfg: DictConfig | Mapping) -> EngineConfig:
     """Build the engine's sections from the composed config; raise :class:`ConfigError` naming the key to fix."""
     config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False) if isinstance(cfg, DictConfig) else cfg
     algorithm = AlgorithmConfig.from_config(config)  # the refusals of what the engine lacks come first
+    for section in SECTIONS:  # dapo.settings has defaults for a plain mapping; this engine takes none
+        for f in fields(section):
+            if f.metadata["shared"]:
+                _get(config, f.metadata["key"])
     settings = DapoSettings.from_config(config)
     run = settings.run  # rollout.n, sampling, lengths, optimizer, schedule: checked alike by both engines
     embedded = EmbeddedConfig.from_config(config)

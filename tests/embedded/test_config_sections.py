@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from dapo.settings import ConfigError, select
+from dapo.settings import ConfigError, select, shared_declaration
 from recipe.config import compose
 from recipe.embedded.config import SECTIONS, EngineConfig, read_config
 
@@ -66,11 +66,40 @@ def _declared_null(plain: dict, key: str) -> bool:
 
 
 def test_a_key_missing_from_the_config_is_refused_naming_it():
-    for section, name in (("embedded", "num_threads"), ("data", "shuffle"), ("trainer", "resume_mode")):
+    # shared keys too (rollout.n, data.max_response_length): dapo.settings alone would take its default (16, 512)
+    for key in (
+        "embedded.num_threads",
+        "data.shuffle",
+        "trainer.resume_mode",
+        "actor_rollout_ref.rollout.n",
+        "data.max_response_length",
+    ):
         plain = OmegaConf.to_container(compose([]), resolve=True, throw_on_missing=False)
-        del plain[section][name]
-        with pytest.raises(ConfigError, match=rf"^{section}.{name} is missing from the config; compose it from "):
+        *parents, name = key.split(".")
+        node = plain
+        for part in parents:
+            node = node[part]
+        del node[name]
+        with pytest.raises(ConfigError, match=rf"^{key} is missing from the config; compose it from "):
             read_config(plain)
+
+
+def test_a_shared_setting_is_declared_once():
+    """The embedded sections' shared fields carry dapo.settings' own declaration (key and meaning), not a copy."""
+    from dapo.settings import RunSettings, SamplingSettings
+
+    declared = {
+        f.metadata["key"]: f.metadata["help"]
+        for cls in (RunSettings, SamplingSettings)
+        for f in dataclasses.fields(cls)
+        if "key" in f.metadata
+    }
+    shared = [f for cls in SECTIONS for f in dataclasses.fields(cls) if f.metadata["shared"]]
+    assert len(shared) == 20
+    for f in shared:
+        assert declared[f.metadata["key"]] == f.metadata["help"], f.name
+    with pytest.raises(KeyError, match="not declared in dapo.settings"):
+        shared_declaration("data.shuffle")
 
 
 def test_sections_hold_what_the_config_says():
