@@ -205,17 +205,9 @@ class BatchFiller:
         gen_batch_size: prompts per round (``data.gen_batch_size``); with ``adaptive`` the largest round.
         max_num_gen_batches: rounds allowed per step before ``ValueError``; 0 = unbounded
             (``algorithm.filter_groups.max_num_gen_batches``).
-        adaptive: size rounds from the kept-fraction estimate (see the module docstring).
-        min_gen_batch_size: smallest adaptive round; default ``ceil(train_batch_size / 4)`` capped at
-            ``gen_batch_size``.
-        safety_margin: relative over-generation of an adaptive round.
-        carry_over: keep surplus groups for the next step instead of discarding them.
-        max_carry_age: oldest policy-version age (``policy_version - version generated under``) a carried group
-            may have when it enters a batch.
-        skip_saturated: skip prompts that history says are saturated (see the module docstring).
-        saturation_window: consecutive constant groups of the same kind that make a prompt saturated.
-        reprobe_after: offers a saturated prompt is skipped before it is admitted once to re-probe it.
-        kept_frac_decay: discount per round of the kept-fraction estimator, in ``[0, 1)``.
+        adaptive ... kept_frac_decay: the ``dapo.sampling.*`` options, each declared once (meaning and default)
+            in :class:`dapo.settings.SamplingSettings`; how adaptive rounds and saturation work is in the module
+            docstring.
     """
 
     def __init__(

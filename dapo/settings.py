@@ -229,16 +229,17 @@ class FilterSettings:
         )
 
 
-def verl_field(key: str, help: str, default: Any = MISSING) -> Any:  # noqa: A002 (dataclasses' own word)
-    """A field read from verl's key ``key``: its one declaration (key, meaning, default), which the embedded
-    engine's sections reuse (:func:`shared_declaration`) instead of declaring the key again."""
+def setting(key: str, help: str, default: Any = MISSING) -> Any:  # noqa: A002 (dataclasses' own word)
+    """A field read from the config key ``key`` (verl's, or a ``dapo.*`` knob): its one declaration (key, meaning,
+    default), which the embedded engine's sections (:func:`shared_declaration`) and the configuration reference
+    (``docs/_ext/references.py``) reuse instead of writing it again."""
     return field(default=default, metadata={"key": key, "help": help})
 
 
 def shared_declaration(key: str) -> tuple[str, str]:
     """``(key, help)`` of the :func:`verl_field` that reads ``key`` (:class:`RunSettings`,
     :class:`SamplingSettings`); ``KeyError`` for a key no settings class declares."""
-    for cls in (RunSettings, SamplingSettings):
+    for cls in (RunSettings, SamplingSettings, EntrySettings):
         for f in fields(cls):
             if f.metadata.get("key") == key:
                 return key, f.metadata["help"]
@@ -249,19 +250,42 @@ def shared_declaration(key: str) -> tuple[str, str]:
 class SamplingSettings:
     """Batch sizes and the batch filler's options (``dapo.sampling.*``, see :class:`dapo.sampling.BatchFiller`)."""
 
-    train_batch_size: int = verl_field(
-        "data.train_batch_size", "prompt groups per train step (dynamic sampling's kept)"
+    train_batch_size: int = setting("data.train_batch_size", "prompt groups per train step (dynamic sampling's kept)")
+    gen_batch_size: int = setting("data.gen_batch_size", "prompts per generation round (null: the train batch)")
+    adaptive: bool = setting(
+        "dapo.sampling.adaptive",
+        "size each generation round from the running kept-group fraction instead of a fixed data.gen_batch_size",
+        False,
     )
-    gen_batch_size: int = verl_field("data.gen_batch_size", "prompts per generation round (null: the train batch)")
-    adaptive: bool = field(default=False, metadata={"help": "size rounds from the running kept fraction"})
-    min_gen_batch_size: int | None = field(default=None, metadata={"help": "adaptive lower bound (null: tbs / 4)"})
-    safety_margin: float = field(default=0.25, metadata={"help": "extra prompts per adaptive round, a fraction"})
-    carry_over: bool = field(default=False, metadata={"help": "keep surplus kept groups for the next step"})
-    max_carry_age: int = field(default=1, metadata={"help": "policy versions a carried group may lag"})
-    skip_saturated: bool = field(default=False, metadata={"help": "skip prompts on a constant streak, re-probe"})
-    saturation_window: int = field(default=2, metadata={"help": "constant groups in a row that saturate a prompt"})
-    reprobe_after: int = field(default=4, metadata={"help": "skipped offers before a saturated prompt is re-probed"})
-    kept_frac_decay: float = field(default=0.5, metadata={"help": "discount of the adaptive kept-fraction estimate"})
+    min_gen_batch_size: int | None = setting(
+        "dapo.sampling.min_gen_batch_size", "smallest adaptive round (null: ceil(train_batch_size / 4))", None
+    )
+    safety_margin: float = setting("dapo.sampling.safety_margin", "extra prompts per adaptive round, a fraction", 0.25)
+    carry_over: bool = setting(
+        "dapo.sampling.carry_over",
+        "keep surplus groups with signal for the next step instead of discarding them",
+        False,
+    )
+    max_carry_age: int = setting(
+        "dapo.sampling.max_carry_age",
+        "policy versions a carried group may lag; its rollout log-probs are its behaviour policy",
+        1,
+    )
+    skip_saturated: bool = setting(
+        "dapo.sampling.skip_saturated",
+        "skip prompts whose recent groups were all correct / all wrong, re-probe them later (embedded engine only: "
+        "verl's trainer draws its prompts itself, and the verl engine refuses it with an error)",
+        False,
+    )
+    saturation_window: int = setting(
+        "dapo.sampling.saturation_window", "constant groups in a row that make a prompt saturated", 2
+    )
+    reprobe_after: int = setting(
+        "dapo.sampling.reprobe_after", "skipped offers before a saturated prompt is generated again", 4
+    )
+    kept_frac_decay: float = setting(
+        "dapo.sampling.kept_frac_decay", "discount per round of the adaptive kept-fraction estimate", 0.5
+    )
 
     def __post_init__(self) -> None:
         s = "dapo.sampling"
@@ -336,7 +360,11 @@ class SamplingSettings:
 class OverlongSettings:
     """Overlong filtering (``dapo.overlong_filter``) and the soft overlong punishment (paper Eq. 13)."""
 
-    filter: bool = field(default=False, metadata={"help": "dapo.overlong_filter: truncated responses carry no loss"})
+    filter: bool = setting(
+        "dapo.overlong_filter",
+        "overlong filtering: responses without EOS within data.max_response_length carry no loss and no token count",
+        False,
+    )
     buffer_enable: bool = field(default=False, metadata={"help": "overlong_buffer_cfg.enable: Eq. 13's penalty"})
     max_resp_len: int | None = field(default=None, metadata={"help": "L_max (null: data.max_response_length)"})
     buffer_len: int | None = field(default=None, metadata={"help": "overlong_buffer_cfg.len: L_cache"})
@@ -421,32 +449,32 @@ class RunSettings:
     """The verl keys every DAPO run sets, with the ranges both engines accept (verl checks some of them only inside
     its Ray workers, after minutes of start-up)."""
 
-    n: int = verl_field(f"{ROLLOUT}.n", "responses per prompt (a group; >= 2: advantages compare them)", 16)
-    temperature: float = verl_field(f"{ROLLOUT}.temperature", "training sampling temperature, > 0", 1.0)
-    top_p: float = verl_field(f"{ROLLOUT}.top_p", "training nucleus sampling, in (0, 1]", 1.0)
-    top_k: int = verl_field(f"{ROLLOUT}.top_k", "training top-k: -1 or 0 off, else >= 1", -1)
-    val_n: int = verl_field(f"{ROLLOUT}.val_kwargs.n", "responses per validation prompt (mean@val_n), >= 1", 1)
-    val_temperature: float = verl_field(
+    n: int = setting(f"{ROLLOUT}.n", "responses per prompt (a group; >= 2: advantages compare them)", 16)
+    temperature: float = setting(f"{ROLLOUT}.temperature", "training sampling temperature, > 0", 1.0)
+    top_p: float = setting(f"{ROLLOUT}.top_p", "training nucleus sampling, in (0, 1]", 1.0)
+    top_k: int = setting(f"{ROLLOUT}.top_k", "training top-k: -1 or 0 off, else >= 1", -1)
+    val_n: int = setting(f"{ROLLOUT}.val_kwargs.n", "responses per validation prompt (mean@val_n), >= 1", 1)
+    val_temperature: float = setting(
         f"{ROLLOUT}.val_kwargs.temperature", "validation temperature, > 0 when val_kwargs.do_sample", 1.0
     )
-    val_top_p: float = verl_field(f"{ROLLOUT}.val_kwargs.top_p", "validation nucleus sampling, in (0, 1]", 1.0)
-    max_prompt_length: int = verl_field("data.max_prompt_length", "prompt tokens after the chat template, >= 1", 512)
-    max_response_length: int = verl_field("data.max_response_length", "L_max: the response budget in tokens", 512)
-    lr: float = verl_field(f"{ACTOR}.optim.lr", "AdamW learning rate, > 0", 1e-6)
-    betas: tuple[float, float] = verl_field(f"{ACTOR}.optim.betas", "AdamW betas, each in [0, 1)", (0.9, 0.999))
-    weight_decay: float = verl_field(f"{ACTOR}.optim.weight_decay", "AdamW weight decay, >= 0", 0.01)
-    ppo_mini_batch_size: int = verl_field(
+    val_top_p: float = setting(f"{ROLLOUT}.val_kwargs.top_p", "validation nucleus sampling, in (0, 1]", 1.0)
+    max_prompt_length: int = setting("data.max_prompt_length", "prompt tokens after the chat template, >= 1", 512)
+    max_response_length: int = setting("data.max_response_length", "L_max: the response budget in tokens", 512)
+    lr: float = setting(f"{ACTOR}.optim.lr", "AdamW learning rate, > 0", 1e-6)
+    betas: tuple[float, float] = setting(f"{ACTOR}.optim.betas", "AdamW betas, each in [0, 1)", (0.9, 0.999))
+    weight_decay: float = setting(f"{ACTOR}.optim.weight_decay", "AdamW weight decay, >= 0", 0.01)
+    ppo_mini_batch_size: int = setting(
         f"{ACTOR}.ppo_mini_batch_size", "prompts per optimizer step; divides data.train_batch_size (unset: all)", 1
     )
-    ppo_epochs: int = verl_field(f"{ACTOR}.ppo_epochs", "passes over the train batch, >= 1", 1)
-    total_training_steps: int | None = verl_field(
+    ppo_epochs: int = setting(f"{ACTOR}.ppo_epochs", "passes over the train batch, >= 1", 1)
+    total_training_steps: int | None = setting(
         "trainer.total_training_steps", "steps, >= 1 (null: trainer.total_epochs over the data)", None
     )
-    total_epochs: int = verl_field(
+    total_epochs: int = setting(
         "trainer.total_epochs", "epochs over the train set when total_training_steps is null, >= 1", 1
     )
-    test_freq: int = verl_field("trainer.test_freq", "steps between validations (<= 0: never)", -1)
-    save_freq: int = verl_field("trainer.save_freq", "steps between checkpoints (<= 0: never)", -1)
+    test_freq: int = setting("trainer.test_freq", "steps between validations (<= 0: never)", -1)
+    save_freq: int = setting("trainer.save_freq", "steps between checkpoints (<= 0: never)", -1)
 
     @classmethod
     def from_config(cls, config: Mapping) -> RunSettings:
@@ -541,8 +569,15 @@ class RunSettings:
 class EntropyWatchSettings:
     """``dapo.entropy_watch.*``: when both engines warn of entropy collapse (:class:`dapo.metrics.EntropyWatch`)."""
 
-    fraction: float = field(default=0.3, metadata={"help": "warn when actor/entropy falls below this x its value"})
-    window: int = field(default=20, metadata={"help": "... this many steps earlier (the first step's before that)"})
+    fraction: float = setting(
+        "dapo.entropy_watch.fraction",
+        "warn of entropy collapse when actor/entropy falls below this fraction of its value window steps earlier "
+        "(once, again only after it recovers; the warning names the knobs that counter it)",
+        0.3,
+    )
+    window: int = setting(
+        "dapo.entropy_watch.window", "steps back to the entropy it is compared with (the first step's before that)", 20
+    )
 
     def __post_init__(self) -> None:
         if not 0.0 < self.fraction < 1.0:
@@ -555,6 +590,35 @@ class EntropyWatchSettings:
             fraction=check_float(f"{key}.fraction", select(config, f"{key}.fraction", d["fraction"])),
             window=check_int(f"{key}.window", select(config, f"{key}.window", d["window"]), minimum=1),
         )
+
+
+# ---------------------------------------------------------------------------------------------------- the entry
+
+
+@dataclass(frozen=True)
+class EntrySettings:
+    """``dapo.engine`` and ``dapo.reward_timeout_s``: the engine ``dapo-train`` runs, the bound on a reward call."""
+
+    engine: str = setting(
+        "dapo.engine",
+        "which engine dapo-train runs: verl (configs/dapo_trainer.yaml's default) or embedded (configs/embedded.yaml)",
+        "verl",
+    )
+    reward_timeout_s: float | None = setting(
+        "dapo.reward_timeout_s",
+        "one reward-function call that takes longer stops the run, naming the function and the row (null: no limit)",
+        60.0,
+    )
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> EntrySettings:
+        section = select(config, "dapo", {})
+        timeout = section.get("reward_timeout_s", cls.reward_timeout_s)  # null: no limit
+        if timeout is not None:
+            timeout = check_float("dapo.reward_timeout_s", timeout, hint=" (seconds; null: no limit)")
+            if timeout <= 0:
+                raise ConfigError(f"dapo.reward_timeout_s must be > 0 seconds (null: no limit), got {timeout!r}")
+        return cls(engine=str(section.get("engine") or cls.engine), reward_timeout_s=timeout)
 
 
 # ---------------------------------------------------------------------------------------------------- all of it

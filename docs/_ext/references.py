@@ -8,12 +8,57 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-SETTINGS = ("RunSettings", "LossSettings", "FilterSettings", "SamplingSettings", "OverlongSettings")
+SETTINGS = (
+    "RunSettings",
+    "LossSettings",
+    "FilterSettings",
+    "SamplingSettings",
+    "OverlongSettings",
+    "EntropyWatchSettings",
+    "EntrySettings",
+)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cell(text) -> str:
     # a table cell on one line; | would end the cell and <word> would be read as an HTML tag (and vanish)
     return " ".join(str(text).split()).replace("|", "\\|").replace("<", "\\<")
+
+
+def _yaml_value(value) -> str:
+    """``value`` as YAML writes it (``true``, ``null``, ``0.25``)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def knobs() -> list[tuple[str, object, str]]:
+    """``(key, default, meaning)`` of every ``dapo.*`` knob, from the declarations (:func:`dapo.settings.setting`)
+    in :mod:`dapo.settings` and :mod:`recipe.common.watchdog`: the default is ``configs/dapo_trainer.yaml``'s, or
+    the declaration's where the file leaves the key out."""
+    import yaml
+
+    import dapo.settings as settings
+    from recipe.common.watchdog import WatchdogSettings
+
+    composed = yaml.safe_load((ROOT / "configs" / "dapo_trainer.yaml").read_text())
+    out = []
+    for cls in [*(getattr(settings, name) for name in SETTINGS), WatchdogSettings]:
+        for field in dataclasses.fields(cls):
+            key = field.metadata.get("key", "")
+            if not key.startswith("dapo."):
+                continue
+            node, found = composed, True
+            for part in key.split("."):
+                found = isinstance(node, dict) and part in node
+                node = node[part] if found else None
+                if not found:
+                    break
+            default = (
+                f"`{_yaml_value(node)}`" if found else f"`{_yaml_value(field.default)}` (not in the yaml: `+{key}=`)"
+            )
+            out.append((key, default, field.metadata["help"]))
+    return out
 
 
 def configuration_page() -> str:
@@ -23,8 +68,15 @@ def configuration_page() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the `help` metadata of the dataclasses in `dapo.settings`, the contract both engines "
-        "build from the composed config (keys are verl's; a key missing from the config takes the default).",
+        "Generated from the declarations (`dapo.settings.setting`: key, meaning, default) of the dataclasses in "
+        "`dapo.settings`, the contract both engines build from the composed config (keys are verl's; a key missing "
+        "from the config takes the default).",
+        "",
+        "## DAPO knobs verl has no key for (`dapo:` in `configs/dapo_trainer.yaml`)",
+        "",
+        "| key | default | meaning |",
+        "| --- | --- | --- |",
+        *(f"| `{key}` | {default} | {_cell(help)} |" for key, default, help in knobs()),
         "",
     ]
     for name in SETTINGS:

@@ -23,10 +23,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from dapo.settings import ConfigError, check_bool, check_float, check_int, select
+from dapo.settings import ConfigError, check_bool, check_float, check_int, select, setting
 
 KEY = "dapo.watchdog"
 
@@ -35,15 +35,30 @@ KEY = "dapo.watchdog"
 class WatchdogSettings:
     """``dapo.watchdog.*``: the bounds on how long a run may make no progress."""
 
-    enable: bool = field(default=True, metadata={"help": "end a run that stops making progress or loses a worker"})
-    min_timeout_s: float = field(default=600.0, metadata={"help": "the stall bound's floor, seconds"})
-    step_multiple: float = field(default=4.0, metadata={"help": "the stall bound: this many times the longest step"})
-    first_step_timeout_s: float = field(
-        default=3600.0, metadata={"help": "the stall bound until a step has finished (start-up, first step)"}
+    enable: bool = setting(
+        f"{KEY}.enable",
+        "end a run that makes no progress or loses a worker, in one line, exit 75 (docs/testing.md, 'A dead worker')",
+        True,
     )
-    probe_interval_s: float = field(default=15.0, metadata={"help": "seconds between liveness probes of the workers"})
-    max_restarts: int = field(
-        default=0, metadata={"help": "verl engine: restarts from the latest checkpoint after a watchdog stop (0: none)"}
+    min_timeout_s: float = setting(f"{KEY}.min_timeout_s", "the stall bound's floor, seconds", 600.0)
+    step_multiple: float = setting(
+        f"{KEY}.step_multiple", "the stall bound: this many times the longest step so far (at least min_timeout_s)", 4.0
+    )
+    first_step_timeout_s: float = setting(
+        f"{KEY}.first_step_timeout_s",
+        "the stall bound until a step has finished (start-up: Ray, model load, the first step)",
+        3600.0,
+    )
+    probe_interval_s: float = setting(
+        f"{KEY}.probe_interval_s",
+        "verl engine: seconds between liveness probes of the vLLM servers (/health) and the Ray workers",
+        15.0,
+    )
+    max_restarts: int = setting(
+        f"{KEY}.max_restarts",
+        "verl engine: rerun the same command after a watchdog stop, from the newest checkpoint, at most this many "
+        "times (only while each attempt checkpointed a newer step)",
+        0,
     )
 
     def __post_init__(self) -> None:

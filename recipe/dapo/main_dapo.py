@@ -36,7 +36,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import recipe.dapo.plugin  # noqa: F401  registers DAPO in this (driver) process; workers load it through verl
-from dapo.settings import ConfigError, DapoSettings, select
+from dapo.settings import ConfigError, DapoSettings, EntrySettings, select
 from recipe.config import compose, compose_error, config_dir, finish, quiet_verl_import
 
 PLUGIN_MODULE = "recipe.dapo.plugin"
@@ -70,6 +70,7 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
     )
 
     settings = DapoSettings.from_config(OmegaConf.to_container(config, resolve=True))
+    EntrySettings.from_config(OmegaConf.to_container(config, resolve=True))  # dapo.reward_timeout_s, before Ray
     train, gen = settings.sampling.train_batch_size, settings.sampling.gen_batch_size
     if not settings.filter.enable and gen != train:  # verl's unfiltered sampler needs whole rounds of the batch
         print(

@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from dapo.settings import (
     ConfigError,
     DapoSettings,
+    EntrySettings,
     RunSettings,
     check_float,
     check_int,
@@ -337,21 +338,16 @@ class RewardConfig:
     )
     name: str = _key("reward.custom_reward_function.name", "the function's name in that file")
     kwargs: dict = _key("reward.custom_reward_function.reward_kwargs", "keyword arguments passed to every call")
-    timeout_s: float | None = _key("dapo.reward_timeout_s", "one call longer than this stops the run (null: no limit)")
+    timeout_s: float | None = _shared("dapo.reward_timeout_s")
 
     @classmethod
-    def from_config(cls, config: Mapping) -> RewardConfig:
-        timeout = _get(config, "dapo.reward_timeout_s")
-        if timeout is not None:
-            timeout = check_float("dapo.reward_timeout_s", timeout, hint=" (seconds; null: no limit)")
-            if timeout <= 0:
-                raise ConfigError(f"dapo.reward_timeout_s must be > 0 seconds (null: no limit), got {timeout!r}")
+    def from_config(cls, config: Mapping, entry: EntrySettings) -> RewardConfig:
         return cls(
             path=_get(config, "reward.custom_reward_function.path"),
             name=str(_get(config, "reward.custom_reward_function.name", "compute_score")),
             # optional in verl too (its loader reads it with .get(..., {}))
             kwargs=select(config, "reward.custom_reward_function.reward_kwargs", {}),
-            timeout_s=timeout,
+            timeout_s=entry.reward_timeout_s,
         )
 
 
@@ -514,7 +510,7 @@ def read_config(cfg: DictConfig | Mapping) -> EngineConfig:
         actor=actor,
         model=ModelConfig.from_config(config),
         algorithm=algorithm,
-        reward=RewardConfig.from_config(config),
+        reward=RewardConfig.from_config(config, EntrySettings.from_config(config)),
         trainer=TrainerConfig.from_config(config, run),
         embedded=embedded,
         watchdog=WatchdogSettings.from_config(config),

@@ -86,16 +86,16 @@ def test_a_key_missing_from_the_config_is_refused_naming_it():
 
 def test_a_shared_setting_is_declared_once():
     """The embedded sections' shared fields carry dapo.settings' own declaration (key and meaning), not a copy."""
-    from dapo.settings import RunSettings, SamplingSettings
+    from dapo.settings import EntrySettings, RunSettings, SamplingSettings
 
     declared = {
         f.metadata["key"]: f.metadata["help"]
-        for cls in (RunSettings, SamplingSettings)
+        for cls in (RunSettings, SamplingSettings, EntrySettings)
         for f in dataclasses.fields(cls)
         if "key" in f.metadata
     }
     shared = [f for cls in SECTIONS for f in dataclasses.fields(cls) if f.metadata["shared"]]
-    assert len(shared) == 20
+    assert len(shared) == 21
     for f in shared:
         assert declared[f.metadata["key"]] == f.metadata["help"], f.name
     with pytest.raises(KeyError, match="not declared in dapo.settings"):
