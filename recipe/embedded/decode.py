@@ -27,7 +27,7 @@ The model is any Hugging Face causal LM that takes ``past_key_values`` (a ``Dyna
 ``logits_to_keep``, and a 4-D attention mask as given (``sdpa`` / ``eager`` attention; other kernels use the cache
 layout), as the decoder-only models of transformers 5 do.
 
-Layout (as ``rollout.generate``): prompts left-padded, responses right-padded (the pad token after a row's end),
+Layout (as verl's): prompts left-padded, responses right-padded (the pad token after a row's end),
 the G responses of a prompt in consecutive rows. Deviation: the KV cache is Hugging Face's ``DynamicCache`` (grown by
 concatenation), not a preallocated one; on SmolLM2 (responses of up to 104 tokens) its concatenations were under a
 tenth of a decoding step.
@@ -115,7 +115,7 @@ def sample(
     max_num_seqs: int,
     timing: GenerationTiming | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``rollout.generate``'s contract plus the log-probs: ``[B*n, T]`` ids, mask and
+    """``n`` responses per prompt (rows ``i*n .. i*n+n-1`` belong to prompt ``i``): ``[B*n, T]`` ids, mask and
     ``log softmax(logits / temperature)`` of each sampled token (0 past the end), in fp32 (fp64 for an fp64
     model). Each prompt is prefilled once and its cache expanded ``n`` ways; at most ``max_num_seqs`` responses
     (whole groups, at least one) decode together. ``model`` is a Hugging Face causal LM (its own forward, the

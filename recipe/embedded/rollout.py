@@ -1,9 +1,9 @@
-"""The reference rollout: Hugging Face ``generate`` and the policy's per-token log-probabilities.
+"""The rollout's shared pieces: sampling parameters, padding, the response mask, batched log-probabilities.
 
-The engine samples with its own decode loop (:func:`recipe.embedded.decode.sample`); :func:`generate` survives as
-the reference the tests hold its greedy tokens to (``tests/embedded/test_decode.py``; sampled ones are held to a loop
-without a cache drawing the same uniforms) and the HF path ``bench.bench_step`` times; :func:`batched_log_probs`
-runs :func:`recipe.common.log_probs.sequence_log_probs`, the full-forward reference of the shared-prompt update.
+The engine samples with its own decode loop (:func:`recipe.embedded.decode.sample`), whose greedy tokens the tests
+hold to Hugging Face's ``generate`` (``tests/embedded/test_decode.py``, ``hf_generate``; sampled ones are held to a
+loop without a cache drawing the same uniforms); :func:`batched_log_probs` runs
+:func:`recipe.common.log_probs.sequence_log_probs`, the full-forward reference of the shared-prompt update.
 
 Layout (as verl's): a prompt is left-padded, its response right-padded; the G responses of a prompt are
 contiguous rows. ``response_mask`` covers the response up to and including its first end-of-sequence token;
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from recipe.common.log_probs import left_pad, sequence_log_probs
+from recipe.common.log_probs import sequence_log_probs
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What ``generate`` samples with (verl's ``rollout.{temperature,top_p,top_k}`` or ``val_kwargs``)."""
+    """What the decode loop samples with (verl's ``rollout.{temperature,top_p,top_k}`` or ``val_kwargs``)."""
 
     do_sample: bool
     temperature: float
@@ -47,49 +47,6 @@ def response_mask_from_eos(response_ids: torch.Tensor, eos_ids: torch.Tensor) ->
     is_eos = torch.isin(response_ids, eos_ids).long()  # [N, T]
     eos_before = torch.cumsum(is_eos, dim=-1) - is_eos  # [N, T] EOS tokens strictly before t
     return (eos_before == 0).long()
-
-
-@torch.no_grad()
-def generate(
-    model,
-    prompts: Sequence[torch.Tensor],  # B prompts, 1-D token ids each
-    *,
-    n: int,
-    params: SamplingParams,
-    max_new_tokens: int,
-    eos_ids: torch.Tensor,  # [E]
-    pad_id: int,
-    max_num_seqs: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` responses per prompt (rows ``i*n .. i*n+n-1`` belong to prompt ``i``): ids and mask ``[B*n, T]``.
-
-    Uses the global torch RNG, so a run is reproducible from its RNG state. At most ``max_num_seqs`` sequences
-    go through one ``generate`` call (verl's ``rollout.max_num_seqs``).
-    """
-    device = next(model.parameters()).device
-    repeated = [p for p in prompts for _ in range(n)]
-    sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
-    if not params.do_sample:
-        sampling = dict(do_sample=False)
-    was_training = model.training
-    model.eval()
-    chunks = []
-    for start in range(0, len(repeated), max_num_seqs):
-        ids, mask = left_pad(repeated[start : start + max_num_seqs], pad_id)  # [b, P]
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos_ids.tolist(),
-            pad_token_id=pad_id,
-            repetition_penalty=1.0,
-            **sampling,
-        )
-        chunks.append(out[:, ids.shape[1] :].cpu())  # [b, T_chunk]
-    model.train(was_training)
-    width = max(c.shape[1] for c in chunks)
-    response_ids = right_pad(chunks, width, pad_id)  # [B*n, T]
-    return response_ids, response_mask_from_eos(response_ids, eos_ids.cpu())
 
 
 @torch.no_grad()

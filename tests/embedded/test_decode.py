@@ -14,7 +14,7 @@ import torch
 
 from recipe.common.log_probs import left_pad, sequence_log_probs
 from recipe.embedded.decode import draw, filter_logits, sample, shared_prompt_log_probs
-from recipe.embedded.rollout import SamplingParams, generate, right_pad
+from recipe.embedded.rollout import SamplingParams, response_mask_from_eos, right_pad
 from tests.conftest import EPS32, EPS64, reorder_bound
 
 pytestmark = pytest.mark.numerics
@@ -101,11 +101,33 @@ def reference_sample(model, prompt_list, *, n, params, max_new_tokens, max_num_s
     return right_pad(chunks, max(c.shape[1] for c in chunks), PAD)
 
 
+@torch.no_grad()
+def hf_generate(model, prompts, *, n, params, max_new_tokens, eos_ids, pad_id, max_num_seqs):
+    """The reference rollout: Hugging Face's ``generate`` on ``n`` copies of each prompt, left-padded, in chunks of
+    ``max_num_seqs``; ids and mask ``[B*n, T]`` in ``sample``'s layout."""
+    repeated = [p for p in prompts for _ in range(n)]
+    sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+    chunks = []
+    for start in range(0, len(repeated), max_num_seqs):
+        ids, mask = left_pad(repeated[start : start + max_num_seqs], pad_id)  # [b, P]
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_ids.tolist(),
+            pad_token_id=pad_id,
+            **(sampling if params.do_sample else dict(do_sample=False)),
+        )
+        chunks.append(out[:, ids.shape[1] :])  # [b, T_chunk]
+    response_ids = right_pad(chunks, max(c.shape[1] for c in chunks), pad_id)  # [B*n, T]
+    return response_ids, response_mask_from_eos(response_ids, eos_ids)
+
+
 def test_greedy_tokens_are_generates(model, float64_end_to_end):
     """Greedy decoding: token for token ``generate``'s, rows that end early leaving the batch or not."""
     vocab = model.config.vocab_size
     kwargs = dict(n=4, params=PARAMS[0], max_new_tokens=12, eos_ids=EOS, pad_id=PAD, max_num_seqs=1024)
-    expected_ids, expected_mask = generate(model, prompts(vocab), **kwargs)
+    expected_ids, expected_mask = hf_generate(model, prompts(vocab), **kwargs)
     ids, mask, _ = sample(model, prompts(vocab), **kwargs)
     assert ids.shape == expected_ids.shape == (20, expected_ids.shape[1])
     torch.testing.assert_close(ids, expected_ids, rtol=0, atol=0)
