@@ -14,6 +14,8 @@ from pathlib import Path
 
 from recipe.common.metrics_file import METRICS_FILE, read_records
 
+REPO = Path(__file__).resolve().parents[1]  # the repository root (bench/ is run from a clone)
+
 
 def parser(description: str, *, repeats: bool = True) -> argparse.ArgumentParser:
     """Every bench's command line: its docstring as the help (kept as written), ``--json``, and ``--repeats`` for the

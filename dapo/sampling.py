@@ -45,7 +45,7 @@ the batch being filled and of those carried to the next step.
 not a per-sample uid, so that the duplicated rows of DAPO-Math-17k share one saturation history.
 
 Options (all off by default; with all off every round has ``gen_batch_size`` prompts and the filler behaves as
-verl's V0 recipe, checked by ``bench/bench_sampling.py``):
+verl's V0 recipe, checked by ``bench/sim/sampling.py``):
 
 1. ``adaptive``: the next round generates ``ceil(needed / f_hat * (1 + safety_margin))`` prompts, clamped to
    ``[min_gen_batch_size, gen_batch_size]``, where ``needed`` is the number of groups still missing and
@@ -56,7 +56,7 @@ verl's V0 recipe, checked by ``bench/bench_sampling.py``):
    fraction verl's 3x sizing implicitly assumes, so the first round has ``gen_batch_size`` prompts.
    ``min_gen_batch_size`` (default ``ceil(train_batch_size / 4)``) keeps the top-up rounds large enough that a
    few missing groups rarely need a third round. ``safety_margin`` defaults to 0.25: in
-   ``bench/bench_sampling.py`` all options together needed a second round in up to 6% of the steps with 0.1,
+   ``bench/sim/sampling.py`` all options together needed a second round in up to 6% of the steps with 0.1,
    up to 0.7% with 0.2 (more rounds per step than verl's recipe where it needs one), at most 0.1% with 0.25.
    Its cost: without carry-over the extra groups are thrown away (adaptive alone saves less), with carry-over
    they train the next step, one policy version stale (about 20% of the batch in the bench).

@@ -4,7 +4,7 @@ Everything is made locally, nothing is downloaded:
 
 * the task: ``addition`` (the default), ``a + b`` with two ``digits``-digit operands, every pair enumerated once
   and split into disjoint train / validation sets, answered directly; or ``addition_steps`` (the ablation's,
-  ``bench/ablation/``), operands of 1 to ``digits`` digits answered after column-by-column working, so that
+  ``bench/experiments/ablation/``), operands of 1 to ``digits`` digits answered after column-by-column working, so that
   responses vary in length and the longest ones meet the response-length budget. Both are written to parquet in
   verl's schema (``data_source, prompt[{role, content}], ability, reward_model{ground_truth, style},
   extra_info{index, split, raw_problem[, solution]}``) with the DAPO instruction, unshortened;

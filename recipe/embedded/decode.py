@@ -259,7 +259,7 @@ def _sample_chunk(logits, state, params, max_new_tokens, eos, pad_id, timing=Non
 # Longest packed row (prompt + the group's responses) run as one masked sequence; longer rows use the KV-cache
 # layout. The packed row's attention grows as the square of the row: on the tiny model's rows (tens of tokens) packing
 # made the update 2.2x faster; on SmolLM2's (about 400 tokens: a prompt and 4 responses of about 70) the cache layout
-# was 1.14x faster with the fp32 products of recipe.embedded.attention too (python -m bench.bench_step, 2 cores).
+# was 1.14x faster with the fp32 products of recipe.embedded.attention too (python -m bench.micro.step, 2 cores).
 PACKED_MAX_LEN = 256
 # architectures whose logits are lm_head(last hidden state) and nothing after it (no scaling, no soft-capping): the
 # update takes log-probs from the hidden states in chunks (recipe.embedded.head); any other model through its logits

@@ -1,4 +1,4 @@
-"""bench/ablation.py: the six rows of the paper's Table 1 on the embedded engine."""
+"""bench/experiments/ablation.py: the six rows of the paper's Table 1 on the embedded engine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from bench import ablation, common
+from bench import common
+from bench.experiments import ablation
 from recipe.config import compose
 from recipe.embedded.config import read_config
 from tests.conftest import prompt_lengths

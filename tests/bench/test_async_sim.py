@@ -1,4 +1,4 @@
-"""bench.async_sim: the three trainer modes on paper, checked against hand-worked cases and its own invariants."""
+"""bench.sim.async_loops: the three trainer modes on paper, checked against hand-worked cases and its own invariants."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench import async_sim
-from bench.async_sim import Group, Rollout, Setup, Simulation, simulate
+from bench.sim import async_loops
+from bench.sim.async_loops import Group, Rollout, Setup, Simulation, simulate
 
 # a small cluster: 2 replicas of 4 slots, 8 prompts x 4 responses, 2 updates a step, 200-token budget
 SMALL = Setup(
@@ -72,7 +72,7 @@ def test_sync_with_equal_lengths_matches_the_arithmetic():
     assert sim.summary(0)["rollout_idle_frac"] == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("mode", async_sim.MODES)
+@pytest.mark.parametrize("mode", async_loops.MODES)
 def test_every_mode_trains_the_batch_each_step_within_the_staleness_bound(mode):
     s = replace(SMALL, max_off_policy_threshold=2, keep_frac=0.5)
     sim = Simulation(s, mode, seed=1)
@@ -108,40 +108,40 @@ def test_with_a_long_tail_the_async_modes_leave_less_of_the_cluster_idle():
 def test_measured_lengths_are_read_by_prompt_and_scaled_to_the_budget(tmp_path):
     path = tmp_path / "start.json"
     path.write_text(json.dumps({"budget": 100, "n": 2, "lengths": [10, 20, 100, 50]}))
-    groups = async_sim.read_lengths(path)
+    groups = async_loops.read_lengths(path)
     assert groups == [[0.1, 0.2], [1.0, 0.5]]
     s = replace(SMALL, max_response_length=1000)
-    lengths = async_sim.Lengths(s, __import__("random").Random(0), groups)
+    lengths = async_loops.Lengths(s, __import__("random").Random(0), groups)
     drawn = [lengths.group() for _ in range(50)]
     assert all(len(g) == s.n for g in drawn)
     assert {x for g in drawn for x in g} <= {100, 200, 1000, 500}
     assert all(set(g) <= {100, 200} or set(g) <= {1000, 500} for g in drawn)  # one prompt's lengths per group
     path.write_text(json.dumps({"budget": 100, "n": 3, "lengths": [10, 20, 100, 50]}))
     with pytest.raises(ValueError, match="not groups of n=3"):
-        async_sim.read_lengths(path)
+        async_loops.read_lengths(path)
 
 
 def test_the_command_line_prints_every_mode_and_writes_the_figures(tmp_path, capsys):
     out = tmp_path / "sim.json"
     sets = ["gpus=16", "rollout_gpus=8", "train_batch_size=32", "gen_batch_size=96", "ppo_mini_batch_size=8"]
-    assert async_sim.main(["--steps", "4", "--json", str(out), "--set", *sets]) == 0
+    assert async_loops.main(["--steps", "4", "--json", str(out), "--set", *sets]) == 0
     text = capsys.readouterr().out
-    for mode in (*async_sim.MODES, "separate_async (best split)"):
+    for mode in (*async_loops.MODES, "separate_async (best split)"):
         assert f"\n{mode} " in text
     figures = json.loads(out.read_text())
-    assert figures["setup"]["gpus"] == 16 and set(figures["results"]) >= set(async_sim.MODES)
+    assert figures["setup"]["gpus"] == 16 and set(figures["results"]) >= set(async_loops.MODES)
     assert math.isfinite(figures["results"]["sync"]["step_s"])
     with pytest.raises(SystemExit):
-        async_sim.main(["--set", "gpu=8"])
+        async_loops.main(["--set", "gpu=8"])
     assert "unknown field 'gpu'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        async_sim.main(["--set", "carry_over=no"])
+        async_loops.main(["--set", "carry_over=no"])
     assert "carry_over is true or false" in capsys.readouterr().err
-    assert async_sim.main(["--steps", "3", "--json", str(out), "--set", *sets, "carry_over=False"]) == 0
+    assert async_loops.main(["--steps", "3", "--json", str(out), "--set", *sets, "carry_over=False"]) == 0
     assert json.loads(out.read_text())["setup"]["carry_over"] is False
 
 
-@pytest.mark.parametrize("mode", async_sim.MODES)
+@pytest.mark.parametrize("mode", async_loops.MODES)
 def test_idle_fractions_count_only_the_steps_after_the_warm_up(mode):
     # the steps' decoding shares partition the rollout's whole-run totals, and a summary that skips every step but
     # the last is that step's own share (the warm-up steps, with their empty pipeline, do not dilute it)

@@ -1,10 +1,10 @@
-"""``bench.bench_async``'s figures from verl's per-step metrics, by hand; and its refusal of an unknown mode."""
+"""``bench.compare.async_modes``'s figures from verl's per-step metrics, by hand; and its refusal of an unknown mode."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.bench_async import MODES, figures, main, mode_overrides
+from bench.compare.async_modes import MODES, figures, main, mode_overrides
 
 VAL = "val-core/synthetic_addition/acc/mean@2"
 

@@ -1,4 +1,5 @@
-"""bench.paired_eval: the paired interval's arithmetic, the model folders it accepts, and a real evaluation of two
+"""bench.experiments.paired_eval: the paired interval's arithmetic, the model folders it accepts, and a real evaluation
+of two
 checkpoints of a tiny run through the embedded engine's validation."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import math
 
 import pytest
 
-from bench import paired_eval
+from bench.experiments import paired_eval
 from recipe import cli
 
 

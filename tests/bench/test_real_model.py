@@ -1,14 +1,15 @@
-"""The benches' real-model settings compose what they say: ``bench.bench_engines --real-model`` runs the two real-model
-configs with the same overrides, ``bench.bench_trl --real-model`` reads configs/embedded_smollm2.yaml and gives TRL
-the engine's precision, and ``bench.ablation_start`` finds a configured model's data and end tokens."""
+"""The benches' real-model settings compose what they say: ``bench.compare.engines --real-model`` runs the two
+real-model configs with the same overrides, ``bench.compare.trl_grpo --real-model`` reads
+configs/embedded_smollm2.yaml and gives TRL the engine's precision, and ``bench.experiments.ablation_start`` finds a
+configured model's data and end tokens."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from bench import bench_engines, bench_trl
-from bench.trl_peer import trl_grpo_kwargs
+from bench.compare import engines, trl_grpo
+from bench.compare.trl_peer import trl_grpo_kwargs
 from recipe.common.cpu import cpu_has_bf16
 from recipe.config import compose
 from recipe.embedded.config import read_config
@@ -16,7 +17,7 @@ from recipe.embedded.policy import bf16_compute
 
 
 def test_bench_engines_real_model_runs_both_real_model_configs_with_the_same_overrides():
-    overrides = bench_engines.shared_overrides(4, real_model=True)
+    overrides = engines.shared_overrides(4, real_model=True)
     embedded = compose(overrides, "embedded_smollm2")
     verl = compose(["+experiment=cpu_smollm2", *overrides], "dapo_trainer")
     for key in (
@@ -31,15 +32,15 @@ def test_bench_engines_real_model_runs_both_real_model_configs_with_the_same_ove
     assert embedded.trainer.total_training_steps == 4 and embedded.trainer.save_freq == -1
     assert embedded.data.val_max_samples == 64 and embedded.data.max_response_length == 104
     # the tiny setting is unchanged
-    assert "data.max_response_length=8" in bench_engines.shared_overrides(8)
+    assert "data.max_response_length=8" in engines.shared_overrides(8)
 
 
 @pytest.mark.parametrize("preset", ["default", "real-model"])
 def test_bench_trl_presets_compose_their_config(preset, tmp_path):
-    spec = bench_trl.PRESETS[preset]
+    spec = trl_grpo.PRESETS[preset]
     assert spec["steps"] % spec["eval_every"] == 0
-    overrides = bench_trl.engine_overrides(tmp_path / "run", spec["steps"], spec["eval_every"], None, 0)
-    _, c = bench_trl.engine_config(overrides + spec["overrides"], spec["config"])
+    overrides = trl_grpo.engine_overrides(tmp_path / "run", spec["steps"], spec["eval_every"], None, 0)
+    _, c = trl_grpo.engine_config(overrides + spec["overrides"], spec["config"])
     assert c.trainer.total_training_steps == spec["steps"] and c.trainer.save_freq == spec["eval_every"]
     kwargs = trl_grpo_kwargs(c, str(tmp_path / "trl"), spec["steps"])
     # 8 prompts x 4 responses in micro-batches of 16 (real model), B/b updates per rollout either way
@@ -62,7 +63,7 @@ def test_trl_precision_follows_the_engine_dtype():
 
 
 def test_start_model_bench_counts_operations_of_both_tasks():
-    from bench.ablation_start import ANSWER_LINE, _operations
+    from bench.experiments.ablation_start import ANSWER_LINE, _operations
 
     assert _operations({"num_ops": 3, "solution": "a\nb\nc\nd\nAnswer: 1"}) == 3  # word problems
     assert _operations({"solution": "12 + 3 = 15\n15 + 4 = 19\nAnswer: 19"}) == 2  # the chain tasks: lines

@@ -1,4 +1,5 @@
-"""bench.real_model: both engines' metrics files read alike, the rise's interval worked by hand, the figure drawn."""
+"""bench.experiments.real_model: both engines' metrics files read alike, the rise's interval worked by hand, the figure
+drawn."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import real_model
 from bench.common import read_steps
+from bench.experiments import real_model
 
 VAL = "val-core/word_problems/acc/mean@1"
 

@@ -1,4 +1,4 @@
-"""The pure parts of ``bench/bench_sampling_verl.py`` (no verl run): its command line, the configs its three
+"""The pure parts of ``bench/compare/sampling_verl.py`` (no verl run): its command line, the configs its three
 contenders train with (composed against verl's schema, checked by verl's and our start-up checks), and the
 arithmetic of its summary."""
 
@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 pytest.importorskip("verl")
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 
-from bench import bench_sampling_verl as bench  # noqa: E402
 from bench.common import read_steps  # noqa: E402
+from bench.compare import sampling_verl as bench  # noqa: E402
 from recipe.config import compose  # noqa: E402
 from recipe.dapo.main_dapo import check_dapo_config  # noqa: E402
 from recipe.dapo.sampler import DynamicSamplingSettings  # noqa: E402

@@ -1,7 +1,8 @@
 """The contract: every shipped config means the same DAPO on both engines, field by field.
 
 For the base (``dapo_trainer``), the embedded default (``embedded``), each experiment (``configs/experiment``), the
-ablation's base and each row of ``bench/ablation/``, the settings are derived through the code each engine runs:
+ablation's base and each row of ``bench/experiments/ablation/``, the settings are derived through the code each
+engine runs:
 
 * embedded: ``recipe.embedded.config.read_config`` (what ``dapo-train`` runs first), its ``.dapo``; for the verl
   configs, which lack the embedded engine's own keys (``read_config`` refuses them, naming the first), the call
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from bench import ablation
+from bench.experiments import ablation
 from dapo.settings import DapoSettings
 from recipe.config import compose
 from recipe.embedded.config import read_config

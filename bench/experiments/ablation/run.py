@@ -11,8 +11,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from bench.ablation.figures import final_val
-from bench.ablation.plan import CONFIG_NAME
+from bench.experiments.ablation.figures import final_val
+from bench.experiments.ablation.plan import CONFIG_NAME
 
 
 def compose_setting(overrides: list[str], config_name: str = CONFIG_NAME):

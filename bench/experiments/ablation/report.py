@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.ablation.figures import CURVES, mean_curve, responses_generated, train_records, val_curve
-from bench.ablation.plan import PAPER_FIGURES
-from bench.ablation.stats import fmt_interval, verdict_lines
+from bench.experiments.ablation.figures import CURVES, mean_curve, responses_generated, train_records, val_curve
+from bench.experiments.ablation.plan import PAPER_FIGURES
+from bench.experiments.ablation.stats import fmt_interval, verdict_lines
 
 
 def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[object]]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from bench.ablation.plan import ACCURACY_CHECK, MECHANISMS, MIN_VERDICT_SEEDS
 from bench.common import mean_interval, t_quantile_975
+from bench.experiments.ablation.plan import ACCURACY_CHECK, MECHANISMS, MIN_VERDICT_SEEDS
 
 
 def paired_interval(after: list[float | None], before: list[float | None]) -> dict:

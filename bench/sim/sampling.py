@@ -1,6 +1,6 @@
 """Dynamic sampling: generation spent per trained response, verl's two behaviours against dapo.sampling.
 
-A simulation, not a test. Run: python -m bench.bench_sampling [--json PATH] [--seeds 5] [--steps 200]
+A simulation, not a test. Run: python -m bench.sim.sampling [--json PATH] [--seeds 5] [--steps 200]
 (~30 s on 2 cores with the defaults: 2 worlds x 5 seeds x 200 steps x 7 policies).
 
 World (the same for every policy, drawn once per seed):

@@ -1,11 +1,11 @@
 """Start against end on the same problems: held-out accuracy of several models, ``k`` samples a problem, and each
 model's change from the first with a paired 95% interval over the problems.
 
-A training run validates with one sample a problem and compares the first and last validation as two independent
-samples (``bench.real_model``): the interval of the rise is then as wide as the spread between problems. Here every
-model answers every problem ``k`` times, and the change is taken per problem (its accuracy under the model minus
-under the first model), so that what varies between problems cancels and what is left is the model's doing and
-the sampling's ``k``-fold-averaged noise.
+A training run validates with one sample a problem and compares the first and last validation as two independent samples
+(``bench.experiments.real_model``): the interval of the rise is then as wide as the spread between problems. Here every
+model answers every problem ``k`` times, and the change is taken per problem (its accuracy under the model minus under
+the first model), so that what varies between problems cancels and what is left is the model's doing and the sampling's
+``k``-fold-averaged noise.
 
 Each model is one validation run of the embedded engine (``trainer.val_only=true``, ``rollout.val_kwargs.n=k``,
 ``trainer.validation_data_dir``), so every model is sampled by the same code at the same ``val_kwargs``
@@ -16,7 +16,7 @@ Each model is one validation run of the embedded engine (``trainer.val_only=true
 - a verl checkpoint (``global_step_N`` or its ``actor/``: FSDP shards): merged first with verl's own
   ``python -m verl.model_merger merge --backend fsdp`` into ``<out>/<label>-hf``.
 
-Run: python -m bench.paired_eval --model LABEL=DIR [--model LABEL=DIR ...] [--k 8] [--out DIR]
+Run: python -m bench.experiments.paired_eval --model LABEL=DIR [--model LABEL=DIR ...] [--k 8] [--out DIR]
      [--config-name embedded_smollm2] [-- key=value ...]
 The first ``--model`` is the baseline. Each model's responses are kept under ``<out>/<label>/0.jsonl`` and reused
 by a later call with the same model, ``k`` and overrides. Cost: ``k`` times one validation (on 2 CPU cores, about

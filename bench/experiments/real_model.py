@@ -1,15 +1,15 @@
 """The real-model run on both engines, side by side: one figure and one table from the two run directories.
 
 Reads the ``metrics.jsonl`` each engine writes (the embedded engine's flat records, verl's ``file`` logger lines
-``{"step", "data"}``; a step logged twice, as verl logs validation after the last step, is merged) and draws, per
-engine and against the training step: held-out validation accuracy, entropy, response length, the truncated
-fraction, the clip fractions and the kept-group fraction. The table gives validation accuracy at every validated
-step and the rise from the first to the last with a 95% interval over the problems (normal approximation of the
-difference of two proportions over ``n`` problems, one sample each; unpaired, so wider than the paired interval
-``bench.paired_eval`` gives from the same checkpoints), plus each engine's training time, and checks that each
-run's offline W&B run holds every metric name.
+``{"step", "data"}``; a step logged twice, as verl logs validation after the last step, is merged) and draws, per engine
+and against the training step: held-out validation accuracy, entropy, response length, the truncated fraction, the clip
+fractions and the kept-group fraction. The table gives validation accuracy at every validated step and the rise from the
+first to the last with a 95% interval over the problems (normal approximation of the difference of two proportions over
+``n`` problems, one sample each; unpaired, so wider than the paired interval ``bench.experiments.paired_eval`` gives
+from the same checkpoints), plus each engine's training time, and checks that each run's offline W&B run holds every
+metric name.
 
-Run: python -m bench.real_model [--run LABEL=DIR ...] [--figure PNG] [--json PATH]
+Run: python -m bench.experiments.real_model [--run LABEL=DIR ...] [--figure PNG] [--json PATH]
 Default: ``embedded=`` and ``verl=`` the run directories of ``make train-smollm2`` and ``make verl-cpu-smollm2``
 (``runs/dapo-embedded/smollm2-word-problems``, ``runs/dapo-verl-cpu/smollm2-word-problems``); a default one that
 does not exist is left out. ``--run`` names any runs instead (for example one engine at several learning rates).

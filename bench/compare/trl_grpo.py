@@ -3,7 +3,7 @@
 Same run, same start: both train the engine's warmed-up tiny Qwen2 (the ``embedded.warmup`` cache, built once if
 absent and not timed) on the same task files with the same G, lengths, batch, learning rate and schedule, and
 the same number of AdamW updates per rollout over the same number of samples. TRL's configuration is derived from
-the engine's composed config; the mapping and what cannot be matched are written down in ``bench/trl_peer.py``.
+the engine's composed config; the mapping and what cannot be matched are written down in ``bench/compare/trl_peer.py``.
 
 How it runs. Each trainer runs in its own process (set up at the same time, untimed); then they take turns,
 one rollout step at a time, so each timed step has the machine to itself and machine noise hits both alike
@@ -39,7 +39,7 @@ Figures (per seed, medians over its rollout steps; then the median and range of 
   mean curve        time to target on the accuracy curves averaged over the seeds (less evaluation noise than
                     one seed's first crossing), for targets at 0.5, 0.75 and 0.9 of the smaller gain.
 
-Run: python -m bench.bench_trl [--quick | --real-model] [--seeds S ...] [--json PATH] [key=value ...]
+Run: python -m bench.compare.trl_grpo [--quick | --real-model] [--seeds S ...] [--json PATH] [key=value ...]
 (key=value: engine overrides, applied to both). Default: 5 seeds of 48 rollout steps each, snapshots every 2 (about
 15 minutes on 2 shared cores, a third of it evaluation, plus a one-time warm-up of the start model if it is not
 cached); --quick: one seed, 6 steps, every 3, 64 held-out problems (under a minute).
@@ -210,7 +210,7 @@ def worker(name: str, spec: dict, turns: Turns) -> None:
 
 def train_ours(cfg, c, spec: dict, turns: Turns) -> dict:
     """The engine, as ``dapo-train`` runs it; step times from its metrics.jsonl, its checkpoints as snapshots."""
-    from bench.trl_peer import updates_per_rollout
+    from bench.compare.trl_peer import updates_per_rollout
     from recipe.embedded import trainer
     from recipe.embedded.monitor import read_metrics
 
@@ -236,7 +236,7 @@ def train_ours(cfg, c, spec: dict, turns: Turns) -> dict:
 
 
 def train_trl(cfg, c, spec: dict, turns: Turns) -> dict:
-    from bench.trl_peer import run_worker
+    from bench.compare.trl_peer import run_worker
 
     return run_worker(
         c, spec["model_dir"], spec["train_file"], Path(spec["out_dir"]), spec["steps"], spec["eval_every"], turns
@@ -274,7 +274,7 @@ class Evaluator:
     """mean@k accuracy on the held-out set at the engine's validation sampling, one seed for every model."""
 
     def __init__(self, c, model_dir: str, val_files: list[str], seed: int = 12345):
-        from bench.trl_peer import load_tokenizer
+        from bench.compare.trl_peer import load_tokenizer
         from recipe.embedded.data import load_prompts
 
         self.c, self.model_dir, self.seed = c, model_dir, seed
@@ -340,7 +340,7 @@ def check_prompt_parity(c, model_dir: str, train_file: str, rows: int = 64) -> N
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from bench.trl_peer import load_tokenizer, train_dataset
+    from bench.compare.trl_peer import load_tokenizer, train_dataset
     from recipe.embedded.data import load_prompts
 
     tok = load_tokenizer(model_dir)

@@ -1,4 +1,4 @@
-"""TRL 1.16's ``GRPOTrainer`` configured as the embedded engine's DAPO peer, for ``bench.bench_trl``.
+"""TRL 1.16's ``GRPOTrainer`` configured as the embedded engine's DAPO peer, for ``bench.compare.trl_grpo``.
 
 Everything TRL is told is derived from the engine's own config (:class:`recipe.embedded.config.EngineConfig`),
 so the two train the same model on the same task with the same hyper-parameters. The mapping:

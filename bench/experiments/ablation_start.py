@@ -1,6 +1,7 @@
 """A run's start model at the rollout's sampling: can each technique act on it?
 
-Loads the start model of an embedded config: the warmed-up tiny model every row of ``bench/ablation/`` begins from
+Loads the start model of an embedded config: the warmed-up tiny model every row of
+``bench/experiments/ablation/`` begins from
 (``configs/ablation_long.yaml``, the default; built and cached first if missing), or the model at
 ``actor_rollout_ref.model.path`` with the config's ``data.val_files`` (``--config-name embedded_smollm2``: the real
 model, sampled in bf16 where the config computes in it, as the engine does), plus any ``key=value`` overrides.
@@ -16,7 +17,7 @@ budget, and reports what the techniques need to find there:
   in buffer          the share of responses ending in the overlong buffer (the soft punishment acts on these)
   repeated line      the share of responses that write one line twice (a low-quality long pattern)
 
-Run: python -m bench.ablation_start [--config-name NAME] [--problems N] [--json PATH] [key=value ...]
+Run: python -m bench.experiments.ablation_start [--config-name NAME] [--problems N] [--json PATH] [key=value ...]
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import torch
 from bench.common import parser, print_table, write_json
 
 ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")  # the line dapo.reward reads
-CONFIG_NAME = "ablation_long"  # bench.ablation's default; ablation: 3-digit operands; ablation_chain: the chain task
+# bench.experiments.ablation's default; ablation: 3-digit operands; ablation_chain: the chain task
+CONFIG_NAME = "ablation_long"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         "repeated_line": statistics.fmean(repeated),
         "accuracy_by_steps": {k: statistics.fmean(v) for k, v in sorted(by_steps.items())},
         "sampling_seconds": seconds,
-        "lengths": lengths,  # every response's, the n of a problem consecutive (bench.async_sim --lengths reads them)
+        # every response's, the n of a problem consecutive (bench.sim.async_loops --lengths reads them)
+        "lengths": lengths,
     }
     print(
         f"start model {model_dir}: {len(rows)} held-out problems x {c.rollout.n} responses at temperature "

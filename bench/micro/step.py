@@ -29,7 +29,7 @@ prompt token ids with the same n, temperature, top-p, budget and stop tokens, in
 rounds (``--no-vllm`` skips it). ``--rss``: the peak resident memory of one training step of each path, each in a
 fresh ``dapo-train`` process (model load included).
 
-Run: python -m bench.bench_step [--config-name embedded_smollm2] [--repeats 3] [--no-vllm] [--rss] [--json PATH]
+Run: python -m bench.micro.step [--config-name embedded_smollm2] [--repeats 3] [--no-vllm] [--rss] [--json PATH]
      [key=value ...]
 """
 
@@ -48,10 +48,9 @@ from pathlib import Path
 
 import torch
 
-from bench.common import parser, print_table, write_json
+from bench.common import REPO, parser, print_table, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = ROOT / ".venv-verl-cpu" / "bin" / "python"
+VLLM_PYTHON = REPO / ".venv-verl-cpu" / "bin" / "python"
 
 
 # ---------------------------------------------------------------------------------------------------- the machine
@@ -249,8 +248,8 @@ def vllm_generate(model_dir: str, prompts, c, eos, repeats: int) -> list[dict] |
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
         env["VLLM_LOGGING_LEVEL"] = "ERROR"
         out = subprocess.run(
-            [str(VLLM_PYTHON), "-m", "bench.vllm_peer", str(path)],
-            cwd=ROOT,
+            [str(VLLM_PYTHON), "-m", "bench.micro.vllm_peer", str(path)],
+            cwd=REPO,
             env=env,
             capture_output=True,
             text=True,
@@ -293,7 +292,7 @@ def step_rss(config_name: str, overrides: list[str], fast: bool) -> float:
         ]
         out = subprocess.run(
             [sys.executable, "-c", _PEAK_OF_CHILD, *argv],
-            cwd=ROOT,
+            cwd=REPO,
             check=True,
             capture_output=True,
             text=True,

@@ -19,7 +19,7 @@ own real-model config, the same settings in both (``configs/experiment/cpu_smoll
 ``configs/embedded_smollm2.yaml``: 8 prompts x 4 responses of up to 104 tokens a step, bf16 compute where the CPU
 has it), validation mean@1 on 64 held-out problems, every core for both.
 
-Run: python -m bench.bench_engines [--real-model] [--steps N] [--json PATH]
+Run: python -m bench.compare.engines [--real-model] [--steps N] [--json PATH]
 (default 8 steps, about 6 minutes on 2 cores; --real-model: 4 steps, about 15 minutes)
 """
 
@@ -32,9 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import print_table, read_steps, run_timed, write_json
+from bench.common import REPO, print_table, read_steps, run_timed, write_json
 
-REPO = Path(__file__).resolve().parents[1]
 VERL_PY = REPO / ".venv-verl-cpu" / "bin" / "python"
 DAPO_TRAIN = REPO / ".venv" / "bin" / "dapo-train"
 VAL_KEY_VERL = "val-core/synthetic_addition/acc/mean@2"  # the tiny task's validation metric (bench_sampling_verl)

@@ -51,8 +51,8 @@ for dynamic sampling, a seed that never reaches it counting as one step past the
 interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "opposite" when wholly on the other,
 "too few seeds" below 3 paired seeds (``--quick``'s 2 give intervals, no verdicts).
 
-Run: python -m bench.ablation [--config-name NAME] [--quick] [--device cuda] [--seeds N] [--jobs N] [--json PATH]
-                              [--out DIR] [key=value ...]
+Run: python -m bench.experiments.ablation [--config-name NAME] [--quick] [--device cuda] [--seeds N] [--jobs N]
+                                         [--json PATH] [--out DIR] [key=value ...]
 Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 60 steps, as many runs at a time as
 CPUs, one torch thread each (docs/ablation.md: 49 minutes on 2 cores, plus a one-time 7-minute warm-up
 of the start model when it is not cached); ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4 steps;
@@ -63,9 +63,9 @@ to any ``--config-name`` unchanged.
 
 from __future__ import annotations
 
-from bench.ablation.figures import summarise
-from bench.ablation.plan import CONFIG_NAME, DEVICE_KEY, PRESETS, override_value, rows, run_overrides, slug
-from bench.ablation.stats import direction, paired_interval, verdict_lines, verdicts
+from bench.experiments.ablation.figures import summarise
+from bench.experiments.ablation.plan import CONFIG_NAME, DEVICE_KEY, PRESETS, override_value, rows, run_overrides, slug
+from bench.experiments.ablation.stats import direction, paired_interval, verdict_lines, verdicts
 
 __all__ = [
     "CONFIG_NAME",
@@ -85,7 +85,7 @@ __all__ = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line (``python -m bench.ablation``), see :mod:`bench.ablation.__main__`."""
-    from bench.ablation.__main__ import main as run
+    """The command line (``python -m bench.experiments.ablation``), see :mod:`bench.experiments.ablation.__main__`."""
+    from bench.experiments.ablation.__main__ import main as run
 
     return run(argv)

@@ -1,7 +1,7 @@
 """Loss throughput: dapo.loss.policy_loss against verl 0.9.1's compute_policy_loss_vanilla + agg_loss.
 
 Same inputs, forward and backward, interleaved in one run; the ratio is what counts (absolute times on a
-shared machine are noise). Run: python -m bench.bench_loss [--json PATH]
+shared machine are noise). Run: python -m bench.micro.loss [--json PATH]
 """
 
 from __future__ import annotations

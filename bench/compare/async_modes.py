@@ -26,9 +26,9 @@ Figures, from verl's per-step metrics (``metrics.jsonl``) over the training step
 
 On a 2-core CPU all three share the same cores, so the asynchronous modes cannot win by overlap what a GPU
 cluster wins (the rollout and the actor each get all of a GPU there): this bench shows that the modes run the
-recipe, their overheads and their waits; ``python -m bench.async_sim`` estimates the 32B cluster picture.
+recipe, their overheads and their waits; ``python -m bench.sim.async_loops`` estimates the 32B cluster picture.
 
-Run: python -m bench.bench_async [--real-model] [--steps N] [--modes sync,colocate_async] [--json PATH]
+Run: python -m bench.compare.async_modes [--real-model] [--steps N] [--modes sync,colocate_async] [--json PATH]
 (default 4 steps of cpu_tiny, about 5 minutes on 2 cores; --real-model: SmolLM2 word problems, 3 steps, about
 13 minutes)
 """
@@ -40,8 +40,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_engines import VERL_PY, verl_run
 from bench.common import print_table, write_json
+from bench.compare.engines import VERL_PY, verl_run
 
 MODES = {
     "sync": "dapo",

@@ -7,8 +7,8 @@ import math
 import statistics
 from pathlib import Path
 
-from bench.ablation.plan import PAPER_AIME, TAIL_STEPS, TARGET_FRACTION, VAL_PREFIX
-from bench.ablation.stats import paired_interval
+from bench.experiments.ablation.plan import PAPER_AIME, TAIL_STEPS, TARGET_FRACTION, VAL_PREFIX
+from bench.experiments.ablation.stats import paired_interval
 
 
 def run_records(run_dir: Path) -> list[dict]:

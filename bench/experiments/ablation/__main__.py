@@ -1,4 +1,4 @@
-"""``python -m bench.ablation``: the command line (see the package's docstring)."""
+"""``python -m bench.experiments.ablation``: the command line (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,18 @@ import shutil
 import sys
 from pathlib import Path
 
-import bench.ablation as package
-from bench.ablation.figures import run_records, summarise
-from bench.ablation.plan import CONFIG_NAME, DEVICE_KEY, PRESETS, rows, run_overrides, slug
-from bench.ablation.report import table, write_plots, write_report
-from bench.ablation.run import compose_setting, prepare_start_model, run_all
-from bench.ablation.stats import verdict_lines, verdicts
+import bench.experiments.ablation as package
 from bench.common import parser, print_table, write_json
+from bench.experiments.ablation.figures import run_records, summarise
+from bench.experiments.ablation.plan import CONFIG_NAME, DEVICE_KEY, PRESETS, rows, run_overrides, slug
+from bench.experiments.ablation.report import table, write_plots, write_report
+from bench.experiments.ablation.run import compose_setting, prepare_start_model, run_all
+from bench.experiments.ablation.stats import verdict_lines, verdicts
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(package.__doc__.split("\n\n")[0], repeats=False)
-    p.prog = "python -m bench.ablation"
+    p.prog = "python -m bench.experiments.ablation"
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (verl's names)")
     p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: minutes")
     p.add_argument(
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose_setting(extra, args.config_name)  # fails early on a misspelt key, before anything runs
     except Exception as err:  # noqa: BLE001 - Hydra's and OmegaConf's errors name the key
-        print(f"bench.ablation: error: {str(err).strip()}", file=sys.stderr)
+        print(f"bench.experiments.ablation: error: {str(err).strip()}", file=sys.stderr)
         return 2
     from dapo.settings import select
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(headers, body)
     print("\n" + "\n".join(verdict_lines(verdict_list)))
     plots = write_plots(results, out / "plots", train_batch_size, n)
-    command = "python -m bench.ablation " + " ".join(
+    command = "python -m bench.experiments.ablation " + " ".join(
         [
             *([f"--config-name {args.config_name}"] if args.config_name != CONFIG_NAME else []),
             *(["--quick"] if args.quick else []),

@@ -34,7 +34,7 @@ lengths; response lengths are log-normal (a per-prompt and a per-response factor
 from measured lengths scaled to the budget (``--lengths``). The separate mode's split of the GPUs is the user's
 choice: the figures give it at ``rollout_gpus`` and at the split that trains the most responses a second.
 
-Run: python -m bench.async_sim [--steps N] [--lengths FILE] [--json PATH] [--set key=value ...]
+Run: python -m bench.sim.async_loops [--steps N] [--lengths FILE] [--json PATH] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -390,7 +390,8 @@ def simulate(s: Setup, steps: int = 12, skip: int = 2, seed: int = 0, lengths=No
 
 def read_lengths(path: Path) -> list[list[float]]:
     """Measured response lengths, grouped by prompt, as fractions of their budget: a JSON object with ``lengths``
-    (tokens, the ``n`` responses of a prompt consecutive), ``n`` and ``budget`` (``bench.ablation_start --json``)."""
+    (tokens, the ``n`` responses of a prompt consecutive), ``n`` and ``budget`` (``bench.experiments.ablation_start
+    --json``)."""
     data = json.loads(path.read_text())
     budget, n, lengths = float(data["budget"]), int(data["n"]), data["lengths"]
     if not lengths or len(lengths) % n:
