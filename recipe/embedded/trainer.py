@@ -50,7 +50,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +136,53 @@ class _Round:
         """``[B, G]`` dynamic sampling's filter metric, one of ``dapo.settings.FILTER_METRICS`` (never the shaped
         reward)."""
         return {"acc": self.acc, "score": self.score}[metric].view(-1, self.n)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One prompt's ``G`` responses, scored and shaped, with their behaviour log-probs: the payload dynamic sampling
+    keeps, carries or drops (``dapo.sampling.BatchFiller``). Trimmed to its own longest response; its own storage
+    (it may be checkpointed with the filler's carried groups)."""
+
+    prompt_ids: torch.Tensor  # [P]
+    response_ids: torch.Tensor  # [G, T]
+    response_mask: torch.Tensor  # [G, T]
+    old_log_prob: torch.Tensor  # [G, T]
+    score: torch.Tensor  # [G]
+    acc: torch.Tensor  # [G] bool
+    penalty: torch.Tensor  # [G]
+    reward: torch.Tensor  # [G] score + penalty
+    truncated: torch.Tensor  # [G] bool
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """The train batch: ``[N, T]`` tensors, the G responses of a prompt in consecutive rows; the advantages and the
+    loss mask are added by the step's stages (``dataclasses.replace``)."""
+
+    prompt_ids: list[torch.Tensor]  # [N] the prompt of each response row
+    response_ids: torch.Tensor  # [N, T]
+    response_mask: torch.Tensor  # [N, T]
+    old_log_prob: torch.Tensor  # [N, T]
+    score: torch.Tensor  # [N]
+    acc: torch.Tensor  # [N] bool
+    penalty: torch.Tensor  # [N]
+    reward: torch.Tensor  # [N]
+    truncated: torch.Tensor  # [N] bool
+    advantages: torch.Tensor | None = None  # [N, T], stage 2
+    loss_mask: torch.Tensor | None = None  # [N, T], stage 3
+
+    @classmethod
+    def collate(cls, groups: Sequence[Group], pad_id: int) -> TrainBatch:
+        width = max(g.response_ids.shape[1] for g in groups)
+        return cls(
+            prompt_ids=[g.prompt_ids for g in groups for _ in range(g.response_ids.shape[0])],
+            response_ids=right_pad([g.response_ids for g in groups], width, pad_id),
+            response_mask=right_pad([g.response_mask for g in groups], width, 0),
+            old_log_prob=right_pad([g.old_log_prob for g in groups], width, 0.0),
+            **{name: torch.cat([getattr(g, name) for g in groups]) for name in ("score", "acc", "penalty", "reward")},
+            truncated=torch.cat([g.truncated for g in groups]),
+        )
 
 
 class Callback:
@@ -324,18 +371,18 @@ class EmbeddedTrainer:
     def step(self, step: int) -> dict[str, float]:
         """One rollout step as named stages, each ``batch = self._stage(batch, metrics)`` (verl's ``_step_once``)."""
         metrics: dict[str, float] = {}
-        self.timing = {"timing_s/reward": 0.0, "timing_s/old_log_prob": 0.0}  # summed over the step's rounds
+        timing = {"timing_s/reward": 0.0, "timing_s/old_log_prob": 0.0}  # summed over the step's rounds
         with _timer(metrics, "timing_s/step"):
             # 1. [DAPO 2] dynamic sampling: rounds generated, scored and shaped [DAPO 4] until the batch is full
             with _timer(metrics, "timing_s/gen"):
-                batch = self._generate(step, metrics)
-            metrics.update(self.timing)
+                batch = self._generate(step, metrics, timing)
+            metrics.update(timing)
             # 2. group-relative advantages of the shaped rewards
             batch = self._compute_advantage(batch, metrics)
             # 3. [DAPO 4] overlong filtering: truncated responses carry no loss
             batch = self._compute_loss_mask(batch, metrics)
             metrics["dapo/entropy/logp_adv_cov"] = logprob_advantage_covariance(
-                batch["old_log_prob"], batch["advantages"], batch["loss_mask"]
+                batch.old_log_prob, batch.advantages, batch.loss_mask
             )
             # 4. [DAPO 1, 3] the policy update: decoupled clip, token-level loss
             metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
@@ -345,39 +392,40 @@ class EmbeddedTrainer:
             metrics.update(_batch_metrics(batch))
         return metrics
 
-    def _generate(self, step: int, metrics: dict) -> dict:
-        groups, sampling_metrics, generated_acc = self.collect(step)
+    def _generate(self, step: int, metrics: dict, timing: dict) -> TrainBatch:
+        groups, sampling_metrics, generated_acc = self.collect(step, timing)
         metrics.update(sampling_metrics)
         metrics["train/acc/mean"] = generated_acc
-        return _collate(groups, self.policy.pad_id)
+        return TrainBatch.collate(groups, self.policy.pad_id)
 
-    def _compute_advantage(self, batch: dict, metrics: dict) -> dict:
-        mask = batch["response_mask"]  # [N, T]
+    def _compute_advantage(self, batch: TrainBatch, metrics: dict) -> TrainBatch:
+        mask = batch.response_mask  # [N, T]
         last = (mask.sum(-1) - 1).clamp(min=0)  # [N] the response's last token, where verl puts the outcome reward
-        rewards = torch.zeros_like(mask, dtype=batch["reward"].dtype)  # [N, T] on the batch's device
-        rewards.scatter_(1, last.unsqueeze(-1), batch["reward"].unsqueeze(-1))
+        rewards = torch.zeros_like(mask, dtype=batch.reward.dtype)  # [N, T] on the batch's device
+        rewards.scatter_(1, last.unsqueeze(-1), batch.reward.unsqueeze(-1))
         advantages = token_advantages(
             rewards, mask, self.c.rollout.n, norm_adv_by_std_in_grpo=self.c.algorithm.norm_adv_by_std_in_grpo
         )  # [N, T]
-        return {**batch, "advantages": advantages}
+        return replace(batch, advantages=advantages)
 
-    def _compute_loss_mask(self, batch: dict, metrics: dict) -> dict:
-        loss_mask = batch["response_mask"]  # [N, T]
+    def _compute_loss_mask(self, batch: TrainBatch, metrics: dict) -> TrainBatch:
+        loss_mask = batch.response_mask  # [N, T]
         if self.c.dapo.overlong.filter:
-            loss_mask = overlong_filter_mask(loss_mask, batch["truncated"])
-        return {**batch, "loss_mask": loss_mask}
+            loss_mask = overlong_filter_mask(loss_mask, batch.truncated)
+        return replace(batch, loss_mask=loss_mask)
 
     # ---------------------------------------------------------------- [DAPO 2] dynamic sampling
-    def collect(self, step: int) -> tuple[list[dict], dict[str, float], float]:
+    def collect(self, step: int, timing: dict) -> tuple[list[Group], dict[str, float], float]:
         """Generate rounds until the train batch is full; return its groups, the sampling metrics and the
-        accuracy of every response generated this step (before the group filter)."""
+        accuracy of every response generated this step (before the group filter). ``timing``: the step's summed
+        reward and old-log-prob seconds."""
         c = self.c
         acc_sum, acc_count = 0.0, 0
         if self.filler is None:  # filter_groups.enable=False: one round, every group trained
             indices = [self.stream.next() for _ in range(c.data.train_batch_size)]
-            round_ = self.rollout(indices)
+            round_ = self.rollout(indices, timing)
             return (
-                self.payloads(round_, list(range(len(indices)))),
+                self.build_groups(round_, list(range(len(indices))), timing),
                 {"train/num_gen_batches": 1.0, "dapo/generated_prompts": float(len(indices))},
                 round_.acc.float().mean().item(),
             )
@@ -385,12 +433,12 @@ class EmbeddedTrainer:
         self.filler.begin_step(step)
         while not self.filler.done:
             indices = self._draw(self.filler.next_round_size())
-            round_ = self.rollout(indices)
+            round_ = self.rollout(indices, timing)
             acc_sum, acc_count = acc_sum + round_.acc.float().sum().item(), acc_count + round_.acc.numel()
             self._beat("generation")
-            try:  # the filler keeps the groups with mixed accuracy; their payloads (log-probs) are built for those only
+            try:  # the filler keeps the groups with mixed accuracy; their groups (log-probs) are built for those only
                 self.filler.add_round(
-                    lambda kept, r=round_: self.payloads(r, kept),
+                    lambda kept, r=round_: self.build_groups(r, kept, timing),
                     round_.filter_values(c.dapo.filter.metric),
                     [self.data.keys[i] for i in indices],
                 )
@@ -410,7 +458,7 @@ class EmbeddedTrainer:
                 chosen.append(index)
         return chosen or [self.stream.next()]
 
-    def rollout(self, indices: list[int]) -> _Round:
+    def rollout(self, indices: list[int], timing: dict) -> _Round:
         """One generation round: generate (keeping the sampling pass's log-probs), score, detect truncation, shape the
         reward (no filter, no recomputed log-probs)."""
         c, policy = self.c, self.policy
@@ -425,7 +473,7 @@ class EmbeddedTrainer:
             pad_id=policy.pad_id,
             max_num_seqs=c.rollout.max_num_seqs,
         )  # [B*G, T] each
-        with _timer(self.timing, "timing_s/reward", add=True):
+        with _timer(timing, "timing_s/reward", add=True):
             scored = score_responses(
                 self.score_fn,
                 policy.tokenizer,
@@ -462,14 +510,14 @@ class EmbeddedTrainer:
             penalty_factor=overlong.penalty_factor,
         )
 
-    def payloads(self, r: _Round, groups: list[int]) -> list[dict]:
-        """The payloads of groups ``groups`` of round ``r``, with their behaviour log-probs (``old_log_prob``): the
-        sampling pass's (``bypass_mode``), or recomputed now with the policy that generated them."""
+    def build_groups(self, r: _Round, groups: list[int], timing: dict) -> list[Group]:
+        """Groups ``groups`` of round ``r``, with their behaviour log-probs (``old_log_prob``): the sampling pass's
+        (``bypass_mode``), or recomputed now with the policy that generated them."""
         c, policy = self.c, self.policy
         rows = [g * c.rollout.n + k for g in groups for k in range(c.rollout.n)]  # responses of these groups
         old_log_prob = r.rollout_log_prob  # [B*G, T] algorithm.rollout_correction.bypass_mode: the sampling pass's
         if rows and not c.algorithm.bypass_mode:  # recomputed by a forward pass, as verl does by default
-            with policy.autocast(), _timer(self.timing, "timing_s/old_log_prob", add=True):
+            with policy.autocast(), _timer(timing, "timing_s/old_log_prob", add=True):
                 old_log_prob[rows] = batched_shared_log_probs(
                     policy.model,
                     [r.prompts[row // c.rollout.n] for row in rows],
@@ -485,26 +533,26 @@ class EmbeddedTrainer:
             span = slice(g * c.rollout.n, (g + 1) * c.rollout.n)
             width = int(r.response_mask[span].sum(-1).max())
             out.append(
-                {  # cloned: a payload must not pin the whole round's storage (it may be checkpointed)
-                    "prompt_ids": r.prompts[g].clone(),
-                    "response_ids": r.response_ids[span, :width].clone(),
-                    "response_mask": r.response_mask[span, :width].clone(),
-                    "old_log_prob": old_log_prob[span, :width].clone(),
-                    "score": r.score[span].clone(),
-                    "acc": r.acc[span].clone(),
-                    "penalty": r.penalty[span].clone(),
-                    "reward": r.reward[span].clone(),
-                    "truncated": r.truncated[span].clone(),
-                }
+                Group(  # cloned: a group must not pin the whole round's storage (it may be checkpointed)
+                    prompt_ids=r.prompts[g].clone(),
+                    response_ids=r.response_ids[span, :width].clone(),
+                    response_mask=r.response_mask[span, :width].clone(),
+                    old_log_prob=old_log_prob[span, :width].clone(),
+                    score=r.score[span].clone(),
+                    acc=r.acc[span].clone(),
+                    penalty=r.penalty[span].clone(),
+                    reward=r.reward[span].clone(),
+                    truncated=r.truncated[span].clone(),
+                )
             )
         return out
 
     # ---------------------------------------------------------------- [DAPO 1, 3] the policy update
-    def _update_actor(self, batch: dict, metrics: dict) -> dict:
+    def _update_actor(self, batch: TrainBatch, metrics: dict) -> TrainBatch:
         """``ppo_epochs`` x mini-batches of ``ppo_mini_batch_size`` prompts, one optimizer step each."""
         c = self.c
         mini = c.actor.ppo_mini_batch_size * c.rollout.n  # responses
-        num_rows = batch["response_ids"].shape[0]
+        num_rows = batch.response_ids.shape[0]
         self.policy.model.train()
         self._clip_entropy = {name: (0.0, 0.0) for name in ("high", "low", "all")}  # summed over micro-batches
         records = [
@@ -518,10 +566,10 @@ class EmbeddedTrainer:
         metrics.update(clipped_entropy_metrics(self._clip_entropy))
         return batch
 
-    def _mini_batch_step(self, batch: dict, rows: slice) -> dict[str, float]:
+    def _mini_batch_step(self, batch: TrainBatch, rows: slice) -> dict[str, float]:
         """One AdamW step over mini-batch ``rows``, gradients accumulated over micro-batches of
         ``ppo_micro_batch_size_per_gpu`` responses; skipped (and counted) when the gradient norm is not finite."""
-        loss_mask = batch["loss_mask"]
+        loss_mask = batch.loss_mask
         # [DAPO 3] token-level loss: the normaliser is the token count of the whole mini-batch
         batch_num_tokens = loss_mask[rows].sum()
         global_batch_size = int((loss_mask[rows].sum(-1) > 0).sum())
@@ -541,17 +589,17 @@ class EmbeddedTrainer:
         return {**mean_metrics(micro_records), "actor/pg_loss": sum(losses), "actor/grad_norm": grad_norm.item()}
 
     def _micro_batch_backward(
-        self, batch: dict, rows: slice, batch_num_tokens: torch.Tensor, global_batch_size: int
+        self, batch: TrainBatch, rows: slice, batch_num_tokens: torch.Tensor, global_batch_size: int
     ) -> dict[str, float]:
         """Forward, the policy loss of micro-batch ``rows`` and its backward; return its metrics."""
         c, policy, settings = self.c, self.policy, self.c.dapo.loss
-        width = int(batch["response_mask"][rows].sum(-1).max())  # the micro-batch's own length
+        width = int(batch.response_mask[rows].sum(-1).max())  # the micro-batch's own length
         with policy.autocast():
             log_prob, entropy = shared_prompt_log_probs(
                 policy.model,
-                batch["prompt_ids"][rows],
-                batch["response_ids"][rows, :width],
-                batch["response_mask"][rows, :width],
+                batch.prompt_ids[rows],
+                batch.response_ids[rows, :width],
+                batch.response_mask[rows, :width],
                 temperature=c.rollout.temperature,
                 pad_id=policy.pad_id,
                 with_entropy=True,
@@ -559,12 +607,12 @@ class EmbeddedTrainer:
                 chunked_head=c.embedded.fast_path,
             )  # [n, T'] each
         device = log_prob.device
-        mask = batch["loss_mask"][rows, :width].to(device)  # [n, T']
+        mask = batch.loss_mask[rows, :width].to(device)  # [n, T']
         # [DAPO 1] decoupled clip: clip_ratio_low / clip_ratio_high
         loss, record = LOSS_MODES[settings.loss_mode](  # actor.policy_loss.loss_mode
             log_prob,
-            batch["old_log_prob"][rows, :width].to(device),
-            batch["advantages"][rows, :width].to(device),
+            batch.old_log_prob[rows, :width].to(device),
+            batch.advantages[rows, :width].to(device),
             mask,
             batch_num_tokens=batch_num_tokens,
             global_batch_size=global_batch_size,
@@ -584,8 +632,8 @@ class EmbeddedTrainer:
         sums = clipped_token_entropy(
             entropy.detach(),
             log_prob.detach(),
-            batch["old_log_prob"][rows, :width].to(device),
-            batch["advantages"][rows, :width].to(device),
+            batch.old_log_prob[rows, :width].to(device),
+            batch.advantages[rows, :width].to(device),
             mask,
             clip_ratio_low=settings.clip_ratio_low,
             clip_ratio_high=settings.clip_ratio_high,
@@ -593,42 +641,30 @@ class EmbeddedTrainer:
         for name, (total, count) in sums.items():
             old_total, old_count = self._clip_entropy[name]
             self._clip_entropy[name] = (old_total + total, old_count + count)
-        response_mask = batch["response_mask"][rows, :width].to(device)
+        response_mask = batch.response_mask[rows, :width].to(device)
         return {**record, "actor/entropy": masked_mean(entropy.detach(), response_mask).item(), "_loss": loss.item()}
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
-def _collate(groups: list[dict], pad_id: int) -> dict:
-    """The train batch: ``[N, T]`` tensors with the G responses of a prompt in consecutive rows."""
-    width = max(g["response_ids"].shape[1] for g in groups)
+def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
+    mask = batch.response_mask.bool()
+    valid_adv = batch.advantages[mask]
+    prompt_length = torch.tensor([float(len(ids)) for ids in batch.prompt_ids])  # [N], one per response row
     return {
-        "prompt_ids": [g["prompt_ids"] for g in groups for _ in range(g["response_ids"].shape[0])],
-        "response_ids": right_pad([g["response_ids"] for g in groups], width, pad_id),
-        "response_mask": right_pad([g["response_mask"] for g in groups], width, 0),
-        "old_log_prob": right_pad([g["old_log_prob"] for g in groups], width, 0.0),
-        **{key: torch.cat([g[key] for g in groups]) for key in ("score", "acc", "penalty", "reward", "truncated")},
-    }
-
-
-def _batch_metrics(batch: dict) -> dict[str, float]:
-    mask = batch["response_mask"].bool()
-    valid_adv = batch["advantages"][mask]
-    prompt_length = torch.tensor([float(len(ids)) for ids in batch["prompt_ids"]])  # [N], one per response row
-    return {
-        **response_length_metrics(batch["response_mask"], batch["truncated"]),
+        **response_length_metrics(batch.response_mask, batch.truncated),
         "prompt_length/mean": prompt_length.mean().item(),
         "prompt_length/max": prompt_length.max().item(),
         "prompt_length/min": prompt_length.min().item(),
-        "critic/score/mean": batch["score"].mean().item(),
-        "critic/rewards/mean": batch["reward"].mean().item(),
+        "critic/score/mean": batch.score.mean().item(),
+        "critic/rewards/mean": batch.reward.mean().item(),
         "critic/advantages/mean": valid_adv.mean().item(),
         "critic/advantages/max": valid_adv.max().item(),
         "critic/advantages/min": valid_adv.min().item(),
-        "dapo/overlong_frac": batch["truncated"].float().mean().item(),
-        "dapo/overlong_penalty/mean": batch["penalty"].mean().item(),
-        "response/repeat_ngram_frac": repeat_ngram_frac(batch["response_ids"], batch["response_mask"]),
+        "dapo/overlong_frac": batch.truncated.float().mean().item(),
+        "dapo/overlong_penalty/mean": batch.penalty.mean().item(),
+        "response/repeat_ngram_frac": repeat_ngram_frac(batch.response_ids, batch.response_mask),
     }
 
 
