@@ -50,7 +50,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -139,49 +139,49 @@ class _Round:
 
 
 @dataclass(frozen=True)
-class Group:
-    """One prompt's ``G`` responses, scored and shaped, with their behaviour log-probs: the payload dynamic sampling
-    keeps, carries or drops (``dapo.sampling.BatchFiller``). Trimmed to its own longest response; its own storage
-    (it may be checkpointed with the filler's carried groups)."""
+class _Responses:
+    """Responses scored and shaped, with their behaviour log-probs, the G of a prompt in consecutive rows."""
 
-    prompt_ids: torch.Tensor  # [P]
-    response_ids: torch.Tensor  # [G, T]
-    response_mask: torch.Tensor  # [G, T]
-    old_log_prob: torch.Tensor  # [G, T]
-    score: torch.Tensor  # [G]
-    acc: torch.Tensor  # [G] bool
-    penalty: torch.Tensor  # [G]
-    reward: torch.Tensor  # [G] score + penalty
-    truncated: torch.Tensor  # [G] bool
+    response_ids: torch.Tensor  # [rows, T]
+    response_mask: torch.Tensor  # [rows, T]
+    old_log_prob: torch.Tensor  # [rows, T] log-probs of the policy that sampled them
+    score: torch.Tensor  # [rows] correctness score
+    acc: torch.Tensor  # [rows] bool accuracy
+    penalty: torch.Tensor  # [rows] soft overlong punishment (0 when off)
+    reward: torch.Tensor  # [rows] score + penalty, what the advantages are computed from
+    truncated: torch.Tensor  # [rows] bool: no end-of-sequence token
 
 
 @dataclass(frozen=True)
-class TrainBatch:
-    """The train batch: ``[N, T]`` tensors, the G responses of a prompt in consecutive rows; the advantages and the
-    loss mask are added by the step's stages (``dataclasses.replace``)."""
+class Group(_Responses):
+    """One prompt's ``G`` responses: the payload dynamic sampling keeps, carries or drops
+    (``dapo.sampling.BatchFiller``). Trimmed to its own longest response, in storage of its own (it may be
+    checkpointed with the filler's carried groups)."""
+
+    prompt_ids: torch.Tensor  # [P]
+
+
+@dataclass(frozen=True)
+class TrainBatch(_Responses):
+    """The train batch, ``N`` response rows; the advantages and the loss mask are added by the step's stages
+    (``dataclasses.replace``)."""
 
     prompt_ids: list[torch.Tensor]  # [N] the prompt of each response row
-    response_ids: torch.Tensor  # [N, T]
-    response_mask: torch.Tensor  # [N, T]
-    old_log_prob: torch.Tensor  # [N, T]
-    score: torch.Tensor  # [N]
-    acc: torch.Tensor  # [N] bool
-    penalty: torch.Tensor  # [N]
-    reward: torch.Tensor  # [N]
-    truncated: torch.Tensor  # [N] bool
     advantages: torch.Tensor | None = None  # [N, T], stage 2
     loss_mask: torch.Tensor | None = None  # [N, T], stage 3
 
     @classmethod
     def collate(cls, groups: Sequence[Group], pad_id: int) -> TrainBatch:
         width = max(g.response_ids.shape[1] for g in groups)
+        pad = {"response_ids": pad_id, "response_mask": 0, "old_log_prob": 0.0}  # the [rows, T] fields
         return cls(
             prompt_ids=[g.prompt_ids for g in groups for _ in range(g.response_ids.shape[0])],
-            response_ids=right_pad([g.response_ids for g in groups], width, pad_id),
-            response_mask=right_pad([g.response_mask for g in groups], width, 0),
-            old_log_prob=right_pad([g.old_log_prob for g in groups], width, 0.0),
-            **{name: torch.cat([getattr(g, name) for g in groups]) for name in ("score", "acc", "penalty", "reward")},
-            truncated=torch.cat([g.truncated for g in groups]),
+            **{
+                f.name: right_pad([getattr(g, f.name) for g in groups], width, pad[f.name])
+                if f.name in pad
+                else torch.cat([getattr(g, f.name) for g in groups])
+                for f in fields(_Responses)
+            },
         )
 
 
