@@ -249,6 +249,7 @@ BAD_VALUES = [  # (override, the key the refusal must name, a word of the allowe
     ("actor_rollout_ref.rollout.val_kwargs.n=0", "actor_rollout_ref.rollout.val_kwargs.n", "positive integer"),
     ("actor_rollout_ref.rollout.val_kwargs.top_p=0", "actor_rollout_ref.rollout.val_kwargs.top_p", "(0, 1]"),
     ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr", "> 0"),
+    ("dapo.reward_timeout_s=-1", "dapo.reward_timeout_s", "> 0"),
     ("actor_rollout_ref.actor.optim.betas=[0.9,1.5]", "actor_rollout_ref.actor.optim.betas", "[0, 1)"),
     ("actor_rollout_ref.actor.optim.weight_decay=-0.1", "actor_rollout_ref.actor.optim.weight_decay", ">= 0"),
     ("actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "divides"),
