@@ -237,8 +237,8 @@ def setting(key: str, help: str, default: Any = MISSING) -> Any:  # noqa: A002 (
 
 
 def shared_declaration(key: str) -> tuple[str, str]:
-    """``(key, help)`` of the :func:`verl_field` that reads ``key`` (:class:`RunSettings`,
-    :class:`SamplingSettings`); ``KeyError`` for a key no settings class declares."""
+    """``(key, help)`` of the :func:`setting` that reads ``key`` in :class:`RunSettings`, :class:`SamplingSettings`
+    or :class:`EntrySettings` (the settings both engines read); ``KeyError`` for a key none of them declares."""
     for cls in (RunSettings, SamplingSettings, EntrySettings):
         for f in fields(cls):
             if f.metadata.get("key") == key:

@@ -77,7 +77,7 @@ def _key(key: str, help: str) -> Any:  # noqa: A002 (dataclasses' own word)
 
 
 def _shared(key: str) -> Any:
-    """A section field both engines read: declared once in :mod:`dapo.settings` (:func:`dapo.settings.verl_field`,
+    """A section field both engines read: declared once in :mod:`dapo.settings` (:func:`dapo.settings.setting`,
     key, meaning, check), its value taken from there."""
     key, help = shared_declaration(key)  # noqa: A001
     return field(metadata={"key": key, "help": help, "shared": True})
