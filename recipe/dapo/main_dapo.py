@@ -69,8 +69,9 @@ def check_dapo_config(config: DictConfig) -> DapoSettings:
         require_dapo_sampler,
     )
 
-    settings = DapoSettings.from_config(OmegaConf.to_container(config, resolve=True))
-    EntrySettings.from_config(OmegaConf.to_container(config, resolve=True))  # dapo.reward_timeout_s, before Ray
+    plain = OmegaConf.to_container(config, resolve=True)
+    settings = DapoSettings.from_config(plain)
+    EntrySettings.from_config(plain)  # dapo.reward_timeout_s, before Ray
     train, gen = settings.sampling.train_batch_size, settings.sampling.gen_batch_size
     if not settings.filter.enable and gen != train:  # verl's unfiltered sampler needs whole rounds of the batch
         print(

@@ -436,7 +436,7 @@ class EmbeddedTrainer:
             round_ = self.rollout(indices, timing)
             acc_sum, acc_count = acc_sum + round_.acc.float().sum().item(), acc_count + round_.acc.numel()
             self._beat("generation")
-            try:  # the filler keeps the groups with mixed accuracy; their groups (log-probs) are built for those only
+            try:  # the filler keeps the groups with mixed accuracy; only those get built (with their log-probs)
                 self.filler.add_round(
                     lambda kept, r=round_: self.build_groups(r, kept, timing),
                     round_.filter_values(c.dapo.filter.metric),
