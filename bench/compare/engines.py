@@ -1,7 +1,7 @@
 """The verl engine on a CPU against the embedded engine: same tiny task, same settings, one run.
 
 What a user pays for the laptop verl path. Both train the embedded engine's warmed-up tiny Qwen2 (the cached
-``embedded.warmup``, shared) on 2-digit addition with the settings of ``configs/experiment/cpu_tiny.yaml``: 4 prompts
+``tiny.warmup``, shared) on 2-digit addition with the settings of ``configs/experiment/cpu_tiny.yaml``: 4 prompts
 per step, rounds of 8, 4 responses each, 2 updates per step, lr 4e-5, 8-token responses, validation mean@2 on 32
 held-out problems before training and after the last step, no checkpoints.
 

@@ -1,6 +1,6 @@
 """End-to-end DAPO training: the embedded engine against TRL 1.16's GRPOTrainer (loss_type="dapo"), in one run.
 
-Same run, same start: both train the engine's warmed-up tiny Qwen2 (the ``embedded.warmup`` cache, built once if
+Same run, same start: both train the engine's warmed-up tiny Qwen2 (the ``tiny.warmup`` cache, built once if
 absent and not timed) on the same task files with the same G, lengths, batch, learning rate and schedule, and
 the same number of AdamW updates per rollout over the same number of samples. TRL's configuration is derived from
 the engine's composed config; the mapping and what cannot be matched are written down in ``bench/compare/trl_peer.py``.
@@ -124,7 +124,7 @@ def data_files(c) -> tuple[str, list[str]]:
     if c.data.train_files is None or c.data.val_files is None:
         from recipe.common.warmup import task_files
 
-        task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
+        task_dir = task_files(c.tiny.cache_dir, c.tiny.task)
     train = c.data.train_files or [str(task_dir / "train.parquet")]
     val = c.data.val_files or [str(task_dir / "val.parquet")]
     if len(train) != 1:
@@ -139,9 +139,7 @@ def start_model(c) -> str:
     from recipe.common.warmup import warm_model
 
     start = time.perf_counter()
-    path = warm_model(
-        c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu")
-    )
+    path = warm_model(c.tiny.cache_dir, c.tiny.task, c.tiny.model, c.tiny.warmup, device=torch.device("cpu"))
     print(f"start model: {path} ({time.perf_counter() - start:.0f} s to get it, not timed)")
     return str(path)
 
@@ -348,7 +346,7 @@ def check_prompt_parity(c, model_dir: str, train_file: str, rows: int = 64) -> N
     if c.model.path is None:  # the task's own tokenizer directory (no model config beside it)
         from recipe.common.warmup import task_files
 
-        reference = AutoTokenizer.from_pretrained(task_files(c.embedded.cache_dir, c.embedded.task) / "tokenizer")
+        reference = AutoTokenizer.from_pretrained(task_files(c.tiny.cache_dir, c.tiny.task) / "tokenizer")
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(tmp) / "head.parquet"
         pd.read_parquet(train_file).head(rows).to_parquet(head, index=False)

@@ -40,7 +40,7 @@ CONFIG_NAME = "ablation_long"
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, repeats=False)
-    p.add_argument("--problems", type=int, default=128, help="held-out problems to sample (of embedded.task.val_size)")
+    p.add_argument("--problems", type=int, default=128, help="held-out problems to sample (of tiny.task.val_size)")
     p.add_argument("--config-name", default=CONFIG_NAME, help="the config under configs/ (default: ablation_long)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (verl's names)")
     args = p.parse_args(argv)
@@ -64,13 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     if c.model.path is not None:  # a real model and its own data files
         model_dir, val_file = Path(c.model.path), (c.data.val_files or [None])[0]
     else:
-        model_dir = warm_model(
-            c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu")
-        )
+        model_dir = warm_model(c.tiny.cache_dir, c.tiny.task, c.tiny.model, c.tiny.warmup, device=torch.device("cpu"))
         val_file = (
-            c.data.val_files[0]
-            if c.data.val_files
-            else task_files(c.embedded.cache_dir, c.embedded.task) / "val.parquet"
+            c.data.val_files[0] if c.data.val_files else task_files(c.tiny.cache_dir, c.tiny.task) / "val.parquet"
         )
     tokenizer = load_tokenizer(model_dir)  # as the engine loads it (AutoTokenizer would change the pre-tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -132,10 +132,8 @@ def build(config_name: str, overrides: list[str]):
     if c.model.path is not None:  # a real model and its own data files
         model_dir, train_file = c.model.path, c.data.train_files[0]
     else:
-        model_dir = warm_model(
-            c.embedded.cache_dir, c.embedded.task, c.embedded.tiny_model, c.embedded.warmup, device=torch.device("cpu")
-        )
-        train_file = str(task_files(c.embedded.cache_dir, c.embedded.task) / "train.parquet")
+        model_dir = warm_model(c.tiny.cache_dir, c.tiny.task, c.tiny.model, c.tiny.warmup, device=torch.device("cpu"))
+        train_file = str(task_files(c.tiny.cache_dir, c.tiny.task) / "train.parquet")
     torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
     tokenizer = load_tokenizer(model_dir)
     data = load_prompts(

@@ -31,3 +31,21 @@ def build_atomically(final: Path, build: Callable[[Path], dict]) -> Path:
     except OSError:  # another process finished the same build first: use theirs
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def link_atomically(target: Path, link: Path) -> None:
+    """``link`` -> ``target`` (resolved), replaced in one step: a concurrent reader sees the old or the new link."""
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target.resolve())
+    os.replace(tmp, link)
+
+
+def cache_root() -> Path:
+    """The project's cache directory: the top-level ``cache_dir`` of ``configs/dapo_trainer.yaml`` (its only
+    spelling), ``$DAPO_CACHE_DIR`` when set; for the tools that compose no config (``python -m recipe.smollm2``)."""
+    from omegaconf import OmegaConf
+
+    from recipe.config import config_dir
+
+    return Path(str(OmegaConf.load(config_dir() / "dapo_trainer.yaml").cache_dir)).expanduser()

@@ -1,8 +1,8 @@
 """What a run is, so that a checkpoint is resumed only by the run it belongs to.
 
 A checkpoint records its run's identity (``run.json`` beside ``trainer_state.pt``): the model it started from
-(``actor_rollout_ref.model.path``, or the settings that build the embedded tiny model: ``embedded.task``,
-``embedded.model``, ``embedded.warmup``), the data files (paths, row counts), every setting that changes what a
+(``actor_rollout_ref.model.path``, or the settings that build the tiny model: ``tiny.task``, ``tiny.model``,
+``tiny.warmup``), the data files (paths, row counts), every setting that changes what a
 step computes (:data:`TRAINING_KEYS`, verl's names). Settings that only change how long, how often or where a run
 reports (``trainer.total_training_steps``, ``trainer.test_freq``, ``trainer.logger``, micro-batch sizes, threads)
 are not part of it, so a finished run can be extended and a resumed one watched differently.
@@ -73,7 +73,9 @@ TRAINING_KEYS = (  # the settings that change what a training step computes (ver
     "embedded.dtype",
 )
 MODEL_KEY = "actor_rollout_ref.model.path"
-TINY_MODEL_KEYS = ("embedded.task", "embedded.model", "embedded.warmup")
+TINY_MODEL_KEYS = ("tiny.task", "tiny.model", "tiny.warmup")
+# labels that checkpoints written before the tiny model had its own section (configs/tiny.yaml) recorded
+FORMER_LABELS = {"embedded.task": "tiny.task", "embedded.model": "tiny.model", "embedded.warmup": "tiny.warmup"}
 DATA_KEYS = ("data.train_files", "data.val_files")
 
 
@@ -112,15 +114,15 @@ def run_identity(cfg: DictConfig) -> dict:
     identity: dict = {
         MODEL_KEY: _local_path(str(model)) if model and os.path.exists(os.path.expanduser(str(model))) else model
     }
-    if model is None:  # the embedded tiny model: its build settings are what it is
+    if model is None:  # the tiny model: its build settings are what it is
         identity.update({key: get(key) for key in TINY_MODEL_KEYS})
     for key in DATA_KEYS:
         identity[key] = _files(get(key))
         if identity[key]:  # a file rewritten in place with other rows is other data
             identity[f"{key} (rows)"] = [_parquet_rows(path) for path in identity[key]]
-    if identity["data.train_files"] is None or identity["data.val_files"] is None:  # the embedded task's files
-        task = get("embedded.task") or {}
-        identity["embedded.task"] = {k: v for k, v in task.items() if v is not None}  # null: unset (warmup._settings)
+    if identity["data.train_files"] is None or identity["data.val_files"] is None:  # the tiny task's files
+        task = get("tiny.task") or {}
+        identity["tiny.task"] = {k: v for k, v in task.items() if v is not None}  # null: unset (warmup._settings)
     identity.update({key: get(key) for key in TRAINING_KEYS})
     return identity
 
@@ -130,9 +132,12 @@ def write_identity(checkpoint_dir: Path, identity: dict) -> None:
 
 
 def read_identity(checkpoint_dir: Path) -> dict | None:
-    """The identity a checkpoint recorded, or ``None`` for a checkpoint written before identities were recorded."""
+    """The identity a checkpoint recorded (its former labels renamed, :data:`FORMER_LABELS`), or ``None`` for a
+    checkpoint written before identities were recorded."""
     path = checkpoint_dir / IDENTITY_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    return {FORMER_LABELS.get(key, key): value for key, value in json.loads(path.read_text()).items()}
 
 
 def differences(recorded: dict, current: dict) -> list[str]:

@@ -45,13 +45,12 @@ class AdditionTask:
     def problems(self) -> list[tuple[int, int]]:
         """Every operand pair once, in a seeded random order (validation first)."""
         if self.digits < 1:
-            raise ValueError(f"embedded.task.digits must be >= 1, got {self.digits}")
+            raise ValueError(f"tiny.task.digits must be >= 1, got {self.digits}")
         low, high = 10 ** (self.digits - 1), 10**self.digits - 1
         pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]
         if not 0 < self.val_size < len(pairs):
             raise ValueError(
-                f"embedded.task.val_size must be in (0, {len(pairs)}) for {self.digits}-digit operands, "
-                f"got {self.val_size}"
+                f"tiny.task.val_size must be in (0, {len(pairs)}) for {self.digits}-digit operands, got {self.val_size}"
             )
         random.Random(self.seed).shuffle(pairs)
         return pairs
@@ -109,18 +108,17 @@ class StepsAdditionTask:
     def problems(self) -> list[tuple[int, int]]:
         """``val_size + train_size`` distinct operand pairs in a seeded random order (validation first)."""
         if self.digits < 1:
-            raise ValueError(f"embedded.task.digits must be >= 1, got {self.digits}")
+            raise ValueError(f"tiny.task.digits must be >= 1, got {self.digits}")
         if self.val_size < 1 or self.train_size < 1:
             raise ValueError(
-                f"embedded.task.val_size and embedded.task.train_size must be >= 1, got {self.val_size} and "
-                f"{self.train_size}"
+                f"tiny.task.val_size and tiny.task.train_size must be >= 1, got {self.val_size} and {self.train_size}"
             )
         wanted = self.val_size + self.train_size
         available = (10**self.digits - 1) ** 2
         if wanted > available // 2:
             raise ValueError(
-                f"embedded.task.val_size + train_size = {wanted} is more than half of the {available} pairs of "
-                f"1..{self.digits}-digit operands; raise embedded.task.digits or ask for fewer problems"
+                f"tiny.task.val_size + train_size = {wanted} is more than half of the {available} pairs of "
+                f"1..{self.digits}-digit operands; raise tiny.task.digits or ask for fewer problems"
             )
         rng = random.Random(self.seed)
         seen: set[tuple[int, int]] = set()
@@ -183,21 +181,20 @@ class ChainTask:
         """``val_size + train_size`` distinct ``(start, signed operands)``, seeded random order (validation first)."""
         if not 1 <= self.min_steps <= self.max_steps:
             raise ValueError(
-                f"embedded.task.min_steps and max_steps must satisfy 1 <= min_steps <= max_steps, got "
+                f"tiny.task.min_steps and max_steps must satisfy 1 <= min_steps <= max_steps, got "
                 f"{self.min_steps} and {self.max_steps}"
             )
         if self.val_size < 1 or self.train_size < 1:
             raise ValueError(
-                f"embedded.task.val_size and embedded.task.train_size must be >= 1, got {self.val_size} and "
-                f"{self.train_size}"
+                f"tiny.task.val_size and tiny.task.train_size must be >= 1, got {self.val_size} and {self.train_size}"
             )
         wanted = self.val_size + self.train_size
         # at least 100 starts x 9 digits per operation (one sign at worst) distinct chains of each length
         fewest = sum((CHAIN_MAX_VALUE + 1) * 9**k for k in range(self.min_steps, self.max_steps + 1))
         if wanted > fewest // 2:
             raise ValueError(
-                f"embedded.task.val_size + train_size = {wanted} is more than half of the {fewest} chains of "
-                f"{self.min_steps} to {self.max_steps} operations; raise embedded.task.max_steps or ask for fewer "
+                f"tiny.task.val_size + train_size = {wanted} is more than half of the {fewest} chains of "
+                f"{self.min_steps} to {self.max_steps} operations; raise tiny.task.max_steps or ask for fewer "
                 "problems"
             )
         rng = random.Random(self.seed)

@@ -1,24 +1,29 @@
-"""The embedded default's starting point: task data, tokenizer and a supervised warm-up of the tiny model, cached.
+"""The tiny model and its task (``tiny.*``, ``configs/tiny.yaml``): task data, tokenizer and a supervised warm-up,
+cached. Both engines start from it when no model and data are given: the embedded engine directly, the verl engine
+on a CPU through the links of :mod:`recipe.dapo.cpu.prepare`.
 
 A random model never answers correctly, so every group would be all-wrong and dynamic sampling would have
 nothing to keep. A short supervised phase (teacher forcing on ``Answer: <sum>``, loss on the response tokens only)
 brings the model to a modest, imperfect accuracy, where sampling G responses gives groups with mixed outcomes.
 
-Both stages are cached under ``embedded.cache_dir``: the task files and tokenizer keyed by a hash of the task
-settings (``embedded/task-<hash>``), the warmed-up model keyed by a hash of task + model + warm-up settings
-(``embedded/warmup-<hash>``). A directory is built under a temporary name and renamed when complete, so an
+Both stages are cached under ``cache_dir``: the task files and tokenizer keyed by a hash of the task settings
+(``tiny/task-<hash>``), the warmed-up model keyed by a hash of task + model + warm-up settings
+(``tiny/warmup-<hash>``). A directory is built under a temporary name and renamed when complete, so an
 interrupted build is redone and a completed one is reused by every later run with the same settings.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from dapo.settings import ConfigError
+from dapo.settings import ConfigError, select
 from recipe.common.cache import build_atomically, digest
 from recipe.common.log_probs import sequence_log_probs
 from recipe.common.task import AdditionTask, ChainTask, StepsAdditionTask, build_model, build_tokenizer, solution_text
@@ -26,7 +31,7 @@ from recipe.common.task import AdditionTask, ChainTask, StepsAdditionTask, build
 _CACHE_VERSION = 1  # bump when the recipe of the cached artefacts changes
 
 TASK_DEFAULTS = {"name": "addition", "digits": 2, "val_size": 256, "seed": 0}
-TASKS = {  # embedded.task.name -> (task class, its settings' defaults)
+TASKS = {  # tiny.task.name -> (task class, its settings' defaults)
     "addition": (AdditionTask, TASK_DEFAULTS),
     "addition_steps": (
         StepsAdditionTask,
@@ -46,11 +51,38 @@ MODEL_DEFAULTS = {
     "max_position_embeddings": 256,
 }
 WARMUP_DEFAULTS = {"steps": 220, "batch_size": 64, "lr": 2e-3, "seed": 0}
+CACHE_SUBDIR = "tiny"  # <cache_dir>/tiny/{task,warmup}-<hash>
+
+
+def _key(key: str, help: str):  # noqa: A002 (dataclasses' own word)
+    return field(metadata={"key": key, "help": help, "shared": False})
+
+
+@dataclass(frozen=True)
+class TinySettings:
+    """``tiny.*`` and ``cache_dir``: the tiny Qwen2, its synthetic task and warm-up (``configs/tiny.yaml``), used
+    when ``actor_rollout_ref.model.path`` and the data files are null; by both engines (the verl engine on a CPU
+    through ``python -m recipe.dapo.cpu.prepare``)."""
+
+    cache_dir: str = _key("cache_dir", "where the project caches what it builds ($DAPO_CACHE_DIR when set)")
+    task: dict = _key("tiny.task", "the synthetic task when the data files are null (recipe/common/task.py)")
+    model: dict = _key("tiny.model", "the tiny Qwen2's shape when actor_rollout_ref.model.path is null")
+    warmup: dict = _key("tiny.warmup", "the tiny model's supervised warm-up (cached)")
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> TinySettings:
+        get = lambda key: select(config, key, required=True)  # noqa: E731
+        return cls(
+            cache_dir=os.path.expanduser(str(get("cache_dir"))),
+            task=dict(get("tiny.task") or {}),
+            model=dict(get("tiny.model") or {}),
+            warmup=dict(get("tiny.warmup") or {}),
+        )
 
 
 def _settings(given: dict, defaults: dict, key: str) -> dict:
     """``defaults`` updated by ``given``; a null value counts as not given (so that a config can unset another
-    task's knob inherited from configs/embedded.yaml, as configs/ablation.yaml does with ``digits``)."""
+    task's knob inherited from configs/tiny.yaml, as configs/ablation_chain.yaml does with ``digits``)."""
     given = {k: v for k, v in given.items() if v is not None}
     unknown = sorted(set(given) - set(defaults))
     if unknown:
@@ -66,9 +98,9 @@ def task_files(cache_dir: str, task: dict) -> Path:
     """The synthetic task's ``train.parquet``, ``val.parquet`` and ``tokenizer/`` (built once, then cached)."""
     name = task.get("name", "addition")
     if name not in TASKS:
-        raise ConfigError(f"embedded.task.name={name!r} is unknown; the embedded tasks are {', '.join(TASKS)}")
+        raise ConfigError(f"tiny.task.name={name!r} is unknown; the tasks are {', '.join(TASKS)}")
     task_class, defaults = TASKS[name]
-    task = _settings(task, defaults, "embedded.task")
+    task = _settings(task, defaults, "tiny.task")
     spec = task_class(**{k: int(v) for k, v in task.items() if k != "name"})
     try:
         spec.problems()  # validates the settings before anything is written
@@ -80,7 +112,7 @@ def task_files(cache_dir: str, task: dict) -> Path:
         build_tokenizer(spec).save_pretrained(out / "tokenizer")
         return {"task": task}
 
-    return build_atomically(Path(cache_dir) / "embedded" / f"task-{digest([_CACHE_VERSION, task])}", build)
+    return build_atomically(Path(cache_dir) / CACHE_SUBDIR / f"task-{digest([_CACHE_VERSION, task])}", build)
 
 
 def warm_model(
@@ -89,10 +121,10 @@ def warm_model(
     """The warmed-up tiny model (Hugging Face format, with its tokenizer); built once per settings, then cached.
     ``progress_bar``: a tqdm bar over the warm-up steps while it is built (``embedded.progress_bar``)."""
     task_dir = task_files(cache_dir, task)
-    model = _settings(model, MODEL_DEFAULTS, "embedded.model")
-    warmup = _settings(warmup, WARMUP_DEFAULTS, "embedded.warmup")
+    model = _settings(model, MODEL_DEFAULTS, "tiny.model")
+    warmup = _settings(warmup, WARMUP_DEFAULTS, "tiny.warmup")
     key = digest([_CACHE_VERSION, json.loads((task_dir / "done.json").read_text()), model, warmup])
-    final = Path(cache_dir) / "embedded" / f"warmup-{key}"
+    final = Path(cache_dir) / CACHE_SUBDIR / f"warmup-{key}"
     if (final / "done.json").is_file():
         info = json.loads((final / "done.json").read_text())
         log(f"warm-up: reusing {final} (built in {info['seconds']:.0f} s)")

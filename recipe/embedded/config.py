@@ -13,7 +13,8 @@ configuration reference is generated from them), built by a ``from_config`` clas
 * :class:`AlgorithmConfig`  ``algorithm.*``                   advantage normalisation, behaviour log-probs
 * :class:`RewardConfig`     ``reward.custom_reward_function.*``, ``dapo.reward_timeout_s``
 * :class:`TrainerConfig`    ``trainer.*``                     length, validation, checkpoints, logging, resume
-* :class:`EmbeddedConfig`   ``embedded.*``                    the engine's own keys (device, dtype, tiny model)
+* :class:`EmbeddedConfig`   ``embedded.*``                    the engine's own keys (device, dtype, threads)
+* :class:`~recipe.common.warmup.TinySettings` ``tiny.*``, ``cache_dir`` the tiny model and its task (both engines)
 
 :class:`EngineConfig` holds them, with :class:`dapo.settings.DapoSettings` (the loss, dynamic sampling, overlong
 filtering and shaping), built from the config exactly as the verl engine builds it. Values both engines check
@@ -48,6 +49,7 @@ from dapo.settings import (
     select,
     shared_declaration,
 )
+from recipe.common.warmup import TinySettings
 from recipe.common.watchdog import WatchdogSettings
 
 __all__ = [
@@ -108,7 +110,7 @@ class DataConfig:
 
     train_files: list[str] | None = _key(
         "data.train_files",
-        "parquet files in verl's schema (null: the embedded synthetic task, built under embedded.cache_dir)",
+        "parquet files in verl's schema (null: the synthetic task tiny.task, built under cache_dir)",
     )
     val_files: list[str] | None = _key("data.val_files", "held-out parquet files (null: the synthetic task's)")
     train_max_samples: int = _key("data.train_max_samples", "rows read from the train files (-1: all)")
@@ -435,10 +437,6 @@ class EmbeddedConfig:
         "auto, float32, float64 or bfloat16 (bf16 compute over fp32 weights, a bf16 copy for sampling) or float16",
     )
     num_threads: int | None = _key("embedded.num_threads", "torch's CPU threads (null: torch's default)")
-    cache_dir: str = _key("embedded.cache_dir", "where the warmed-up tiny model and the synthetic task are cached")
-    task: dict = _key("embedded.task", "the synthetic task when data files are null (recipe/common/task.py)")
-    tiny_model: dict = _key("embedded.model", "the tiny Qwen2's shape when model.path is null")
-    warmup: dict = _key("embedded.warmup", "the tiny model's supervised warm-up")
     progress_bar: bool = _key("embedded.progress_bar", "a progress bar on the terminal (off: one line per step)")
     fast_path: bool = _key(
         "embedded.fast_path",
@@ -454,10 +452,6 @@ class EmbeddedConfig:
             device=str(_get(config, "embedded.device")),
             dtype=str(_get(config, "embedded.dtype")),
             num_threads=None if num_threads is None else _positive("embedded.num_threads", num_threads),
-            cache_dir=os.path.expanduser(str(_get(config, "embedded.cache_dir"))),
-            task=_get(config, "embedded.task", {}),
-            tiny_model=_get(config, "embedded.model", {}),
-            warmup=_get(config, "embedded.warmup", {}),
             progress_bar=bool(_get(config, "embedded.progress_bar")),
             fast_path=bool(_get(config, "embedded.fast_path")),
         )
@@ -476,6 +470,7 @@ class EngineConfig:
     reward: RewardConfig
     trainer: TrainerConfig
     embedded: EmbeddedConfig
+    tiny: TinySettings  # tiny.* and cache_dir: the tiny model and its task, shared with the verl CPU run
     watchdog: WatchdogSettings  # dapo.watchdog.*: shared with the verl engine (recipe.common.watchdog)
 
 
@@ -488,6 +483,7 @@ SECTIONS = (
     RewardConfig,
     TrainerConfig,
     EmbeddedConfig,
+    TinySettings,
 )  # in the order of the configuration reference
 
 
@@ -513,6 +509,7 @@ def read_config(cfg: DictConfig | Mapping) -> EngineConfig:
         reward=RewardConfig.from_config(config, EntrySettings.from_config(config)),
         trainer=TrainerConfig.from_config(config, run),
         embedded=embedded,
+        tiny=TinySettings.from_config(config),
         watchdog=WatchdogSettings.from_config(config),
     )
 

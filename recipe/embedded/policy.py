@@ -135,7 +135,7 @@ def policy_tokenizer(c: EngineConfig, resume_from: Path | None):
     elif c.model.path is not None:
         tokenizer_dir = c.model.tokenizer_path or c.model.path
     else:
-        tokenizer_dir = task_files(c.embedded.cache_dir, c.embedded.task) / "tokenizer"
+        tokenizer_dir = task_files(c.tiny.cache_dir, c.tiny.task) / "tokenizer"
     try:
         tokenizer = load_tokenizer(tokenizer_dir, c.model.trust_remote_code)
     except OSError as err:
@@ -165,10 +165,10 @@ def load_policy(c: EngineConfig, resume_from: Path | None, tokenizer) -> Policy:
         model_dir = c.model.path
     else:
         model_dir = warm_model(
-            c.embedded.cache_dir,
-            c.embedded.task,
-            c.embedded.tiny_model,
-            c.embedded.warmup,
+            c.tiny.cache_dir,
+            c.tiny.task,
+            c.tiny.model,
+            c.tiny.warmup,
             device=device,
             progress_bar=c.embedded.progress_bar,
         )

@@ -704,7 +704,7 @@ def _seed_everything(seed: int) -> None:
 def _load_data(c: EngineConfig, tokenizer) -> tuple[PromptSet, PromptSet]:
     task_dir = None
     if c.data.train_files is None or c.data.val_files is None:
-        task_dir = task_files(c.embedded.cache_dir, c.embedded.task)
+        task_dir = task_files(c.tiny.cache_dir, c.tiny.task)
     common = c.data.prompt_kwargs()
     train = load_prompts(
         c.data.train_files or [str(task_dir / "train.parquet")],

@@ -531,9 +531,9 @@ def test_prompts_too_long_are_refused_before_the_warm_up(tiny_run, tmp_path, cap
     """The tiny task's prompts are checked with its tokenizer, built with the task, before the model is warmed up:
     a cold cache holds the task afterwards, and no warm-up."""
     cache = tmp_path / "cache"
-    args = [a for a in tiny_run() if not a.startswith("embedded.cache_dir=")]
+    args = [a for a in tiny_run() if not a.startswith("cache_dir=")]
     started = time.monotonic()
-    assert cli.main([*args, f"embedded.cache_dir={cache}", "data.max_prompt_length=4"]) == 2
+    assert cli.main([*args, f"cache_dir={cache}", "data.max_prompt_length=4"]) == 2
     err = capsys.readouterr().err
     assert "data.max_prompt_length=4" in err, err
     assert time.monotonic() - started < 60

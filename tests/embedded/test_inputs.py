@@ -81,7 +81,7 @@ def test_bad_data_file_is_named_before_the_warm_up(tiny_run, tmp_path, capsys, m
     path, fragment = make(tmp_path)
     # a cache of its own: had the warm-up started, it would have written there
     cache = tmp_path / "cache"
-    err = _error(capsys, tiny_run(extra={key: str(path), "embedded.cache_dir": str(cache)}))
+    err = _error(capsys, tiny_run(extra={key: str(path), "cache_dir": str(cache)}))
     assert f"{key}: {str(path)!r} {fragment}" in err or f"{key}: no such file {str(path)!r}" in err
     assert not (tmp_path / "run").exists() and not cache.exists()
 
@@ -117,7 +117,7 @@ def test_bad_reward_function_is_named_before_the_warm_up(tiny_run, tmp_path, cap
     extra = {
         "reward.custom_reward_function.path": path,
         "reward.custom_reward_function.name": name,
-        "embedded.cache_dir": str(cache),
+        "cache_dir": str(cache),
     }
     err = _error(capsys, tiny_run(extra=extra))
     assert fragment.replace("{path}", path) in err
@@ -339,3 +339,22 @@ def test_identity_differences_name_each_changed_key(tmp_path, capsys):
     write_identity(tmp_path, recorded)
     with pytest.raises(ConfigError, match="is a checkpoint of a different run \\(optim.lr: 0.0001 there, 0.001 now\\)"):
         check_same_run(tmp_path, {**recorded, "optim.lr": 1e-3})
+
+
+def test_a_checkpoint_recorded_under_the_former_embedded_labels_is_the_same_run(tmp_path):
+    # checkpoints written while the tiny model's settings lived under embedded.* recorded those labels; the same
+    # settings under tiny.* (configs/tiny.yaml) are the same run, and a changed value is still named
+    import json
+
+    from recipe.common.identity import check_same_run, run_identity
+
+    current = run_identity(compose(["tiny.warmup.steps=50"], "embedded"))
+    assert {"tiny.task", "tiny.model", "tiny.warmup"} <= set(current)
+    former = {
+        {"tiny.task": "embedded.task", "tiny.model": "embedded.model", "tiny.warmup": "embedded.warmup"}.get(k, k): v
+        for k, v in current.items()
+    }
+    (tmp_path / "run.json").write_text(json.dumps(former))
+    check_same_run(tmp_path, current)
+    with pytest.raises(ConfigError, match=r"tiny.warmup: \{.*\"steps\": 50.*\} there, \{.*\"steps\": 60.*\} now"):
+        check_same_run(tmp_path, run_identity(compose(["tiny.warmup.steps=60"], "embedded")))

@@ -99,7 +99,7 @@ def test_short_run_trains_every_parameter_and_logs_documented_metrics(tiny_run, 
 @pytest.mark.slow
 def test_a_second_run_reuses_the_warm_up_and_trains_identically(tiny_run, tmp_path, capsys):
     # a cache of its own, so that the first run really builds the warm-up
-    extra = {"trainer.total_training_steps": 1, "embedded.cache_dir": str(tmp_path / "cache")}
+    extra = {"trainer.total_training_steps": 1, "cache_dir": str(tmp_path / "cache")}
     assert cli.main(tiny_run(tmp_path / "a", extra)) == 0
     assert "warm-up: done" in capsys.readouterr().out
     assert cli.main(tiny_run(tmp_path / "b", extra)) == 0

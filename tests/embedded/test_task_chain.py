@@ -100,8 +100,8 @@ def test_problems_are_distinct_held_out_reproducible_and_span_an_order_of_magnit
 
 def test_the_chain_setting_budget_binds_for_the_longest_solutions_and_the_buffer_holds_the_long_ones():
     cfg = read_config(compose([], "ablation_chain"))
-    assert cfg.embedded.task["name"] == "chain" and cfg.embedded.task["digits"] is None
-    spec = ChainTask(**{k: v for k, v in cfg.embedded.task.items() if k not in ("name", "digits")})
+    assert cfg.tiny.task["name"] == "chain" and cfg.tiny.task["digits"] is None
+    spec = ChainTask(**{k: v for k, v in cfg.tiny.task.items() if k not in ("name", "digits")})
     tokenizer = build_tokenizer(spec)
     lengths = [len(tokenizer(solution_text(r), add_special_tokens=False)["input_ids"]) + 1 for r in spec.rows("train")]
     budget, buffer = cfg.data.max_response_length, cfg.dapo.overlong.buffer_len
@@ -111,7 +111,7 @@ def test_the_chain_setting_budget_binds_for_the_longest_solutions_and_the_buffer
     assert 0.10 < in_buffer < 0.40  # the long correct solutions are softly punished
     prompts = prompt_lengths(tokenizer, spec.rows("train"))
     assert max(prompts) <= cfg.data.max_prompt_length
-    assert max(prompts) + budget <= cfg.embedded.tiny_model["max_position_embeddings"]
+    assert max(prompts) + budget <= cfg.tiny.model["max_position_embeddings"]
 
 
 @pytest.mark.parametrize(
@@ -119,17 +119,17 @@ def test_the_chain_setting_budget_binds_for_the_longest_solutions_and_the_buffer
     [
         (
             {"min_steps": 0},
-            "embedded.task.min_steps and max_steps must satisfy 1 <= min_steps <= max_steps, got 0 and 20",
+            "tiny.task.min_steps and max_steps must satisfy 1 <= min_steps <= max_steps, got 0 and 20",
         ),
         ({"min_steps": 5, "max_steps": 4}, "1 <= min_steps <= max_steps, got 5 and 4"),
-        ({"val_size": 0}, "embedded.task.val_size and embedded.task.train_size must be >= 1, got 0 and 4000"),
+        ({"val_size": 0}, "tiny.task.val_size and tiny.task.train_size must be >= 1, got 0 and 4000"),
         (
             {"min_steps": 1, "max_steps": 1, "val_size": 100, "train_size": 400},
-            r"500 is more than half of the 900 chains of 1 to 1 operations; raise embedded.task.max_steps",
+            r"500 is more than half of the 900 chains of 1 to 1 operations; raise tiny.task.max_steps",
         ),
         (
             {"digits": 3},
-            r"unknown key\(s\) \['digits'\] under embedded.task; known: .*unset with embedded.task.digits=null",
+            r"unknown key\(s\) \['digits'\] under tiny.task; known: .*unset with tiny.task.digits=null",
         ),
     ],
 )

@@ -45,10 +45,10 @@ def test_problems_are_distinct_held_out_and_vary_in_length():
 
 
 def test_bad_task_settings_name_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="embedded.task.name='subtraction' is unknown; the embedded tasks are"):
+    with pytest.raises(ConfigError, match="tiny.task.name='subtraction' is unknown; the tasks are"):
         task_files(str(tmp_path), {"name": "subtraction"})
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['train_size'\] under embedded.task"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['train_size'\] under tiny.task"):
         task_files(str(tmp_path), {"name": "addition", "train_size": 10})
-    with pytest.raises(ConfigError, match="raise embedded.task.digits or ask for fewer problems"):
+    with pytest.raises(ConfigError, match="raise tiny.task.digits or ask for fewer problems"):
         task_files(str(tmp_path), {"name": "addition_steps", "digits": 1, "val_size": 30, "train_size": 30})
     assert not list(tmp_path.rglob("*.parquet"))

@@ -116,3 +116,48 @@ def test_the_verl_engine_loads_without_the_embedded_engine_or_the_cli():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_tiny_model_is_one_config_both_engines_compose_and_the_cache_root_one_key(monkeypatch, tmp_path):
+    # the tiny model and its task are configs/tiny.yaml, composed alike by the embedded default and the verl CPU
+    # run (whose prepare step reads no embedded.* key); the cache root is written once, in configs/dapo_trainer.yaml
+    from omegaconf import OmegaConf
+
+    from recipe.common.cache import cache_root
+    from recipe.config import compose
+
+    def plain(overrides, name):
+        return OmegaConf.to_container(compose(overrides, name), resolve=True)
+
+    verl_cpu = plain(["+experiment=cpu_tiny"], "dapo_trainer")
+    assert plain([], "embedded")["tiny"] == verl_cpu["tiny"] == OmegaConf.load(REPO / "configs/tiny.yaml")["tiny"]
+    assert "embedded" not in verl_cpu
+    assert "embedded." not in (REPO / "recipe/dapo/cpu/prepare.py").read_text()
+    for env in (None, str(tmp_path / "cache")):
+        if env is None:
+            monkeypatch.delenv("DAPO_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("DAPO_CACHE_DIR", env)
+        root = str(cache_root())
+        assert root == (env or str(Path.home() / ".cache" / "dapo-verl"))
+        assert plain([], "embedded")["cache_dir"] == root
+        assert plain(["+experiment=cpu_tiny"], "dapo_trainer")["verl_cpu"]["assets"] == f"{root}/verl-cpu"
+        assert plain([], "embedded_smollm2")["smollm2"]["assets"] == f"{root}/smollm2/run"
+    written = subprocess.run(
+        [
+            "git",
+            "grep",
+            "-l",
+            ".cache/dapo-verl",
+            "--",
+            "*.py",
+            "*.yaml",
+            "*.sh",
+            "Makefile",
+            f":!{Path(__file__).relative_to(REPO)}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert written == ["configs/dapo_trainer.yaml"]

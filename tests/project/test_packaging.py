@@ -101,11 +101,11 @@ def test_wheel_installed_in_a_fresh_venv_runs_from_any_directory(tmp_path, embed
     assert module_file.startswith(str(venv)) and configs.startswith(str(venv)), where.stdout  # the wheel's copy
 
     overrides = [
-        f"embedded.cache_dir={embedded_cache}",
-        "embedded.task.digits=1",
-        "embedded.task.val_size=16",
-        "embedded.warmup.steps=100",
-        "embedded.warmup.batch_size=32",
+        f"cache_dir={embedded_cache}",
+        "tiny.task.digits=1",
+        "tiny.task.val_size=16",
+        "tiny.warmup.steps=100",
+        "tiny.warmup.batch_size=32",
         "embedded.progress_bar=false",
         "data.train_batch_size=4",
         "data.gen_batch_size=6",

@@ -40,6 +40,7 @@ if not VERL_PY.exists():
 pytestmark = [pytest.mark.verl_cpu, pytest.mark.slow]
 
 sys.path.insert(0, str(REPO))
+from recipe.common.cache import cache_root  # noqa: E402
 from recipe.dapo.cpu.run import CPU_ENV  # noqa: E402  (plain dict, no verl import)
 from tests.conftest import SMOLLM2_TWO_STEPS, interruptible  # noqa: E402
 
@@ -788,7 +789,7 @@ def test_launcher_submits_to_a_two_node_ray_cluster(own_tmp):
         .replace("env_vars:\n", f"env_vars:\n  VERL_FILE_LOGGER_PATH: {run_dir / 'metrics.jsonl'}\n", 1)
     )
     (run_dir / "runtime_env.yaml").write_text(runtime_env)
-    assets = Path(os.environ.get("DAPO_CACHE_DIR", Path.home() / ".cache" / "dapo-verl")) / "verl-cpu"
+    assets = cache_root() / "verl-cpu"
     subprocess.run([str(VERL_PY), "-m", "recipe.dapo.cpu.prepare"], cwd=REPO, env=env, check=True, capture_output=True)
     total = 4
 

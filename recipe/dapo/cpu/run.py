@@ -73,7 +73,7 @@ def _assets(overrides: list[str]) -> str:
     if EXPERIMENT == "cpu_tiny":
         from recipe.dapo.cpu.prepare import prepare
 
-        return str(prepare())
+        return str(prepare(overrides))
     cfg = _composed(overrides)
     wanted = {
         "actor_rollout_ref.model.path": Path(str(cfg.actor_rollout_ref.model.path)) / "config.json",
