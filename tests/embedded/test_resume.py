@@ -70,3 +70,32 @@ def test_killed_run_resumes_where_it_stopped(tiny_run, tmp_path):
     expected, got = load_file(reference_dir / final), load_file(run_dir / final)
     for name in expected:
         assert (expected[name] == got[name]).all(), name
+
+
+@pytest.mark.slow
+def test_a_carry_over_run_resumed_from_its_checkpoint_trains_the_carried_groups(tiny_run, tmp_path):
+    # dapo.sampling.carry_over keeps a step's surplus groups for the next one; the checkpoint holds them (with the
+    # older policy's log-probs), so a run stopped after step 2 and extended to 4 trains steps 3 and 4 exactly as
+    # an uninterrupted run does, the carried groups included
+    extra = {
+        "dapo.sampling.carry_over": True,
+        "data.gen_batch_size": 8,  # twice the train batch: surplus groups to carry
+        "trainer.save_freq": 1,
+        "trainer.test_freq": -1,
+    }
+    reference_dir = tmp_path / "reference"
+    assert cli.main(tiny_run(reference_dir, {**extra, "trainer.total_training_steps": 4})) == 0
+    reference = {r["step"]: _comparable(r) for r in read_metrics(reference_dir)}
+    assert reference[3]["dapo/carried_groups"] > 0, "no group carried into step 3: the test would show nothing"
+
+    run_dir = tmp_path / "stopped"
+    assert cli.main(tiny_run(run_dir, {**extra, "trainer.total_training_steps": 2})) == 0
+    assert cli.main(tiny_run(run_dir, {**extra, "trainer.total_training_steps": 4})) == 0
+    records = {r["step"]: _comparable(r) for r in read_metrics(run_dir)}
+    assert sorted(records) == sorted(reference)
+    for step in (3, 4):
+        assert records[step] == reference[step], f"step {step} differs"
+    final = "global_step_4/actor/model.safetensors"
+    expected, got = load_file(reference_dir / final), load_file(run_dir / final)
+    for name in expected:
+        assert (expected[name] == got[name]).all(), name
