@@ -1,4 +1,4 @@
-"""bench/experiments/ablation.py: the six rows of the paper's Table 1 on the embedded engine."""
+"""bench/experiments/ablation: the paper's Table 1 on the embedded engine, cumulative and leave-one-out."""
 
 from __future__ import annotations
 
@@ -77,9 +77,7 @@ def test_every_row_is_a_valid_engine_config_with_its_techniques():
             (d.overlong.filter, d.loss.clip_ratio_high, d.overlong.buffer_enable, d.loss.loss_agg_mode, d.filter.enable)
         )
         assert (
-            c.embedded.task["name"] == "addition_steps"
-            and c.embedded.task["digits"] == 6
-            and c.data.max_response_length == 56
+            c.tiny.task["name"] == "addition_steps" and c.tiny.task["digits"] == 6 and c.data.max_response_length == 56
         )
         assert (d.overlong.max_resp_len, d.overlong.buffer_len) == (56, 12)
     assert seen == [
@@ -121,7 +119,9 @@ def test_summary_figures_by_hand():
         names[4]: [slow, slow],
         names[5]: [never, fast],
     }
-    figures = ablation.summarise(results, target=0.4, train_batch_size=4, n=2)
+    cumulative = ablation.comparisons()
+    paper = dict(zip(names, ablation.plan.PAPER_AIME))
+    figures = ablation.summarise(results, target=0.4, train_batch_size=4, n=2, comparisons=cumulative, paper=paper)
     assert figures["start_acc"] == pytest.approx(0.2) and figures["target"] == 0.4
     rows = {r["name"]: r for r in figures["rows"]}
     first = rows[names[0]]
@@ -135,10 +135,20 @@ def test_summary_figures_by_hand():
     assert rows[names[5]]["seeds_reaching_target"] == 1
     assert [r["paper_aime_avg32"] for r in figures["rows"]] == [30, 36, 38, 41, 42, 50]
     # the default target: start 0.2 + 0.8 x (best mean final 0.6 - 0.2) = 0.52, reached only by fast, at step 4
-    default = ablation.summarise(results, target=None, train_batch_size=4, n=2)
+    default = ablation.summarise(results, target=None, train_batch_size=4, n=2, comparisons=cumulative)
     assert default["target"] == pytest.approx(0.52)
     assert {r["name"]: r["steps_to_target"] for r in default["rows"]}[names[1]] == 4
-    assert ablation.summarise(results, target=0.55, train_batch_size=4, n=2)["target"] == 0.55
+    assert ablation.summarise(results, target=0.55, train_batch_size=4, n=2, comparisons=cumulative)["target"] == 0.55
+    # each technique: its row less the row before, seed by seed; compute-matched, each row at its last validation
+    # within the cheaper row's responses (slow and never: 4 steps x 4 prompts x 2 = 32; fast: 4 x 8 x 2 = 64)
+    effects = {e["technique"]: e for e in figures["effects"]}
+    assert [(e["with"], e["without"]) for e in figures["effects"]] == list(zip(names[1:], names))
+    first_effect = effects["overlong filtering"]["paired"]  # [fast, fast] less [slow, fast]: +0.2, 0
+    assert first_effect["val_acc"]["mean"] == pytest.approx(0.1) and first_effect["val_acc"]["seeds"] == 2
+    # seed 0: fast (64 responses) against slow (32): fast at its last validation within 32 responses (step 2,
+    # 0.5) less slow at step 4 (0.4) = +0.1; seed 1: fast against fast, 0
+    assert first_effect["val_acc_matched"]["mean"] == pytest.approx(0.05)
+    assert default["effects"][0]["paired"]["val_acc"] == first_effect["val_acc"]
 
 
 def test_paired_interval_by_hand():
@@ -216,9 +226,16 @@ def test_verdicts_from_hand_made_summaries():
     summaries = [_summary(name, seeds) for name, seeds in zip(names, row_seeds)]
     summaries[4]["per_seed"]["steps_to_target"] = [10, 10, None]
     summaries[5]["per_seed"]["steps_to_target"] = [10, 10, None]
-    for before, after in zip(summaries, summaries[1:]):
-        after["vs_previous"] = {k: ablation.paired_interval(after["per_seed"][k], before["per_seed"][k]) for k in base}
-    got = {v["technique"]: v for v in ablation.verdicts({"rows": summaries})}
+    effects = [
+        {
+            "technique": technique,
+            "with": after["name"],
+            "without": before["name"],
+            "paired": {k: ablation.paired_interval(after["per_seed"][k], before["per_seed"][k]) for k in base},
+        }
+        for technique, before, after in zip([t for t, *_ in ablation.comparisons()], summaries, summaries[1:])
+    ]
+    got = {v["with"]: v for v in ablation.verdicts({"rows": summaries, "effects": effects})}
     results = {name: {c["key"]: c["result"] for c in v["checks"]} for name, v in got.items()}
     assert results[names[1]] == {"val_acc": "shown", "acc_drawdown": "shown"}
     assert results[names[2]] == {"val_acc": "not shown", "final_entropy": "not shown"}
@@ -238,16 +255,17 @@ def test_verdicts_from_hand_made_summaries():
         "final entropy should rise (Fig. 2b: entropy does not collapse): +0.020 [-0.055, +0.095], not shown"
         " (the interval includes 0)" in lines[1]
     )
-    assert lines[4].startswith("- **+ dynamic sampling (DAPO): shown.**") and "1 seed(s) never reached" in lines[4]
+    assert lines[4].startswith("- **dynamic sampling: shown.** (+ dynamic sampling (DAPO) less + token-level loss)")
+    assert "1 seed(s) never reached" in lines[4]
 
 
 TINY = [  # a run of seconds: 1-digit operands (one column), the tiny model warmed up for 100 steps to about a third
     # right, so groups are mixed and dynamic sampling fills its batch; 2 steps of 4 prompts
-    "embedded.task.digits=1",
-    "embedded.task.val_size=8",
-    "embedded.task.train_size=24",
-    "embedded.warmup.steps=100",
-    "embedded.warmup.batch_size=32",
+    "tiny.task.digits=1",
+    "tiny.task.val_size=8",
+    "tiny.task.train_size=24",
+    "tiny.warmup.steps=100",
+    "tiny.warmup.batch_size=32",
     "data.max_response_length=10",
     "reward.reward_kwargs.overlong_buffer_cfg.len=3",
     "data.train_batch_size=4",
@@ -276,7 +294,7 @@ def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedde
         str(out),
         "--json",
         str(figures_path),
-        f"embedded.cache_dir={embedded_cache}",
+        f"cache_dir={embedded_cache}",
         *TINY,
     ]
     assert ablation.main(args) == 0
@@ -287,22 +305,23 @@ def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedde
     for row in figures["rows"]:
         assert {"name", "val_acc_mean", "val_acc_std", "final_entropy", "steps_to_target"} <= set(row)
         assert 0.0 <= row["val_acc_mean"] <= 1.0 and row["final_entropy"] > 0
-    for row in figures["rows"][1:]:  # one seed: a paired difference, no interval
-        assert row["vs_previous"]["val_acc"]["seeds"] == 1 and row["vs_previous"]["val_acc"]["low"] is None
+    for effect in figures["effects"]:  # one seed: a paired difference, no interval
+        assert effect["paired"]["val_acc"]["seeds"] == 1 and effect["paired"]["val_acc"]["low"] is None
     for row in figures["rows"]:
         assert 0.0 <= row["final_repeat"] <= 1.0
         assert row["curves"]["entropy"]["steps"] == [1, 2] and len(row["curves"]["response_length"]["mean"]) == 2
-    assert [v["technique"] for v in figures["verdicts"]] == [name for name, _ in ablation.rows()][1:]
+    assert [v["with"] for v in figures["verdicts"]] == [name for name, _ in ablation.rows()][1:]
     assert {v["overall"] for v in figures["verdicts"]} == {"too few seeds"}  # one seed
     report = (out / "report.md").read_text()
     assert report.count("\n| ") == 8  # header, rule, six rows
-    assert report.count("\n- **+ ") == 5 and "too few seeds" in report
+    assert report.count("\n- **") == 5 and "too few seeds" in report
     plots = [
         "accuracy",
         "entropy",
         "response_length",
         "repetition",
         "truncation",
+        "accuracy_vs_responses",
         "fig2b_clip_higher",
         "fig4_token_level_loss",
         "fig5_overlong_filtering",
@@ -361,9 +380,7 @@ def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
         overrides = line.split()[3:]
         assert f"{ablation.DEVICE_KEY}=cuda" in overrides
         c = read_config(compose(overrides, ablation.CONFIG_NAME))
-        assert (
-            c.embedded.device == "cuda" and c.embedded.tiny_model["hidden_size"] == 256 and c.embedded.num_threads == 2
-        )
+        assert c.embedded.device == "cuda" and c.tiny.model["hidden_size"] == 256 and c.embedded.num_threads == 2
     # --quick keeps its small setting on the GPU; a command-line override comes last and wins
     assert (
         ablation.main(
@@ -383,11 +400,7 @@ def test_cuda_preset_commands_compose_into_gpu_runs(capsys, tmp_path):
     )
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("dapo-train"))
     c = read_config(compose(line.split()[3:], ablation.CONFIG_NAME))
-    assert (
-        c.embedded.device == "cuda"
-        and c.embedded.tiny_model["hidden_size"] == 128
-        and c.trainer.total_training_steps == 3
-    )
+    assert c.embedded.device == "cuda" and c.tiny.model["hidden_size"] == 128 and c.trainer.total_training_steps == 3
 
 
 def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_the_longest():
@@ -395,9 +408,9 @@ def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_t
     from recipe.common.warmup import TASKS, _settings
 
     cfg = read_config(compose([], "ablation_long"))
-    assert cfg.embedded.task["name"] == "addition_steps" and cfg.embedded.task["digits"] == 6
+    assert cfg.tiny.task["name"] == "addition_steps" and cfg.tiny.task["digits"] == 6
     # the task's settings as the engine reads them (a null knob of another task counts as not given)
-    task = _settings(dict(cfg.embedded.task), TASKS["addition_steps"][1], "embedded.task")
+    task = _settings(dict(cfg.tiny.task), TASKS["addition_steps"][1], "tiny.task")
     spec = StepsAdditionTask(**{k: v for k, v in task.items() if k != "name"})
     tokenizer = build_tokenizer(spec)
     # one token per digit, "+", "="; "7+5=12\n" is at most 7 tokens, a carry adds 2 ("+1")
@@ -412,7 +425,7 @@ def test_the_long_setting_spans_an_order_of_magnitude_and_its_budget_binds_for_t
     assert 0.15 < in_buffer < 0.40  # the long correct solutions (6 columns) are softly punished
     prompts = prompt_lengths(tokenizer, spec.rows("train"))
     assert max(prompts) <= cfg.data.max_prompt_length
-    assert max(prompts) + budget <= cfg.embedded.tiny_model["max_position_embeddings"]
+    assert max(prompts) + budget <= cfg.tiny.model["max_position_embeddings"]
 
 
 def test_config_name_picks_the_shared_setting_of_every_run(capsys, tmp_path):
@@ -420,12 +433,105 @@ def test_config_name_picks_the_shared_setting_of_every_run(capsys, tmp_path):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
     assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation_long ") for line in lines)
     c = read_config(compose(lines[0].split()[3:], "ablation_long"))
-    assert (
-        c.embedded.task["digits"] == 6 and c.trainer.total_training_steps == 8
-    )  # the default setting, --quick's 8 steps
+    assert c.tiny.task["digits"] == 6 and c.trainer.total_training_steps == 8  # the default setting, --quick's 8 steps
     assert ablation.main(["--print-commands", "--config-name", "ablation", "--seeds", "1", "--out", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
     assert len(lines) == 6 and all(line.startswith("dapo-train --config-name ablation ") for line in lines)
     c = read_config(compose(lines[0].split()[3:], "ablation"))
-    assert c.embedded.task["digits"] == 3 and c.trainer.total_training_steps == 40 and c.data.max_response_length == 28
+    assert c.tiny.task["digits"] == 3 and c.trainer.total_training_steps == 40 and c.data.max_response_length == 28
     assert ablation.main(["--print-commands", "--config-name", "no_such_setting", "--out", str(tmp_path)]) == 2
+
+
+def test_leave_one_out_rows_are_full_dapo_less_exactly_one_technique():
+    names = [name for name, _ in ablation.rows("leave-one-out")]
+    assert names == [
+        "DAPO",
+        "without overlong filtering",
+        "without clip-higher",
+        "without soft overlong punishment",
+        "without token-level loss",
+        "without dynamic sampling",
+    ]
+    assert len({ablation.slug(n) for n in names} | {ablation.slug(n) for n, _ in ablation.rows()}) == 12
+    configs = {
+        name: _flat(compose(_row_overrides(row), ablation.CONFIG_NAME)) for name, row in ablation.rows("leave-one-out")
+    }
+    full = configs.pop("DAPO")
+    assert full == _flat(compose([], ablation.CONFIG_NAME))  # the shared setting as it stands
+    cumulative = dict(ablation.rows())
+    for (technique, key, off, on), (name, config) in zip(ablation.plan.SWITCHES, configs.items()):
+        assert name == f"without {technique}"
+        assert {k: (full[k], config[k]) for k in full if full[k] != config[k]} == {key: (on, off)}
+    assert cumulative["+ dynamic sampling (DAPO)"] == dict(ablation.rows("leave-one-out"))["DAPO"]
+    picked = ablation.comparisons("leave-one-out", ["dynamic sampling", "clip-higher"])
+    assert picked == [  # the paper's order, whatever order they were asked in
+        ("clip-higher", "DAPO", "without clip-higher"),
+        ("dynamic sampling", "DAPO", "without dynamic sampling"),
+    ]
+    with pytest.raises(ValueError, match="unknown technique.*'clip higher'.*the techniques are overlong filtering"):
+        ablation.rows("leave-one-out", ["clip higher"])
+    with pytest.raises(ValueError, match="cumulative design adds every technique"):
+        ablation.rows("cumulative", ["clip-higher"])
+
+
+def test_the_real_model_preset_composes_every_row(capsys):
+    preset = ablation.PRESETS["smollm2"]
+    for _, row in ablation.rows(preset["design"], preset["techniques"]):
+        c = read_config(compose([*_row_overrides(row), *preset["overrides"]], preset["config_name"]))
+        assert c.rollout.n == 8 and c.trainer.total_training_steps == 40 and c.model.path.endswith("smollm2/run/model")
+    # the plan and its size are said before anything runs: 4 rows x 3 seeds of 40 steps
+    assert ablation.main(["--preset", "smollm2", "--print-commands"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("dapo-train")]
+    assert len(commands) == 12 and all("--config-name embedded_smollm2" in line for line in commands)
+
+
+def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_dapo(
+    embedded_cache, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out, figures_path = tmp_path / "loo", tmp_path / "figures.json"
+    args = [
+        "--design",
+        "leave-one-out",
+        "--techniques",
+        "clip-higher,dynamic sampling",
+        "--seeds",
+        "1",
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+        str(figures_path),
+        f"cache_dir={embedded_cache}",
+        *TINY,
+    ]
+    # a piece of 0 minutes starts nothing, says so, and writes no report
+    assert ablation.main([*args, "--stop-after", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 rows x 1 seeds x 2 steps = 6 training steps (0 done)" in printed
+    assert "stopped after 0 min with 3 of 3 runs to go; the same command continues" in printed
+    assert not (out / "report.md").exists() and not figures_path.exists()
+
+    assert ablation.main(args) == 0
+    figures = json.loads(figures_path.read_text())
+    assert figures["design"] == "leave-one-out"
+    assert [r["name"] for r in figures["rows"]] == ["DAPO", "without clip-higher", "without dynamic sampling"]
+    assert [(e["technique"], e["with"], e["without"]) for e in figures["effects"]] == [
+        ("clip-higher", "DAPO", "without clip-higher"),
+        ("dynamic sampling", "DAPO", "without dynamic sampling"),
+    ]
+    rows = {r["name"]: r for r in figures["rows"]}
+    for effect in figures["effects"]:
+        expected = rows["DAPO"]["val_acc_per_seed"][0] - rows[effect["without"]]["val_acc_per_seed"][0]
+        assert effect["paired"]["val_acc"]["mean"] == pytest.approx(expected)
+    assert all(r["paper_aime_avg32"] is None for r in figures["rows"])
+    report = (out / "report.md").read_text()
+    assert "(leave-one-out)" in report and report.count("\n| ") == 5  # header, rule, three rows
+    assert "- **clip-higher: too few seeds.** (DAPO less without clip-higher)" in report
+    for name in ("fig2b_clip_higher", "fig6_dynamic_sampling", "accuracy_vs_responses"):
+        assert f"plots/{name}.png" in report
+    assert "fig4_token_level_loss" not in report  # not compared in this plan
+    # the finished runs are reused: the same command trains nothing more
+    assert ablation.main(args) == 0
+    assert "reusing 3 finished run(s)" in capsys.readouterr().out

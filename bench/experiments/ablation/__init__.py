@@ -1,6 +1,7 @@
-"""The paper's Table 1, small: DAPO built up from naive GRPO one technique at a time, on the embedded engine.
+"""The paper's Table 1, small: what each DAPO technique does, on the embedded engine, in one of two designs.
 
-Six rows, in the paper's order, each the one before it with one technique switched on (:func:`rows`):
+``--design cumulative`` (the default; the paper's): six rows, in the paper's order, each the one before it with one
+technique switched on (:func:`rows`); a technique's effect is its row less the row before:
 
   naive GRPO                   clip 0.2/0.2, per-sequence loss (seq-mean-token-mean), no overlong filtering,
                                no soft overlong punishment, no dynamic sampling; no KL in any row (DAPO has none)
@@ -9,6 +10,10 @@ Six rows, in the paper's order, each the one before it with one technique switch
   + soft overlong punishment   reward.reward_kwargs.overlong_buffer_cfg.enable=true
   + token-level loss           actor_rollout_ref.actor.loss_agg_mode=token-mean
   + dynamic sampling (DAPO)    algorithm.filter_groups.enable=true
+
+``--design leave-one-out``: full DAPO, then full DAPO without each technique of ``--techniques`` (default all five:
+overlong filtering, clip-higher, soft overlong punishment, token-level loss, dynamic sampling); a technique's effect
+is full DAPO less the row without it. Fewer rows for the techniques asked about, each against the recipe users run.
 
 Every run composes ``configs/ablation_long.yaml`` (the shared setting, ``--config-name`` picks another: the
 ``addition_steps`` task with operands of 1 to 6 digits, whose worked solutions are 8 to 60 tokens long against a
@@ -32,8 +37,10 @@ running the command again reuses them and resumes an interrupted one from its la
 Figures, per row, over seeds (seeds are paired: seed s of every row starts from the same model and reads the same
 prompt order with the same sampling seed):
   val acc            held-out validation accuracy (mean@k, ``rollout.val_kwargs``) at the last step: mean ± std
-  vs row above       the mean of the per-seed differences to the row before and its 95% t-interval over seeds
-                     (t quantile from scipy when installed, else the table ``bench.common.T_975``)
+  its technique      the mean of the per-seed differences, the row with the technique less the row without, and
+                     its 95% t-interval over seeds (t quantile from scipy when installed, else ``bench.common.T_975``)
+  same responses     the same, compute-matched: each row's accuracy at its last validation within the responses
+                     the cheaper of the two generated in all (dynamic sampling generates more a step)
   steps to target    first validation step at or above the target accuracy: the median over seeds, a seed that
                      never reaches it counting as never (so "-" when most seeds do not)
   responses to tgt   responses generated up to that step (dynamic sampling generates more per step): median
@@ -44,33 +51,48 @@ prompt order with the same sampling seed):
 The target (``--target``) defaults to the start accuracy plus 0.8 x the best row's gain (its mean final accuracy
 less the start), a level the best row reaches late in the budget, so that the steps to reach it tell rows apart.
 
-Verdicts (``verdicts``): for each technique, its paired difference to the row before on accuracy and on the
+Verdicts (``verdicts``): for each technique, its paired difference (with less without) on accuracy, per step and
+compute-matched, and on the
 mechanism the paper names (``MECHANISMS``: entropy for Clip-Higher; repetition, length and entropy for the
 token-level loss; accuracy drawdown for overlong filtering; truncation for the soft punishment; steps to target
 for dynamic sampling, a seed that never reaches it counting as one step past the budget). "shown" when the
 interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "opposite" when wholly on the other,
 "too few seeds" below 3 paired seeds (``--quick``'s 2 give intervals, no verdicts).
 
-Run: python -m bench.experiments.ablation [--config-name NAME] [--quick] [--device cuda] [--seeds N] [--jobs N]
+Run: python -m bench.experiments.ablation [--preset NAME] [--config-name NAME] [--design D] [--techniques T,...]
+                                         [--quick] [--device cuda] [--seeds N] [--jobs N] [--stop-after MINUTES]
                                          [--json PATH] [--out DIR] [key=value ...]
+It says at the start how many training steps the plan is and how many are done; ``--stop-after`` starts no run
+after that many minutes, so a long plan runs in pieces of the same command.
 Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 60 steps, as many runs at a time as
 CPUs, one torch thread each (docs/ablation.md: 49 minutes on 2 cores, plus a one-time 7-minute warm-up
 of the start model when it is not cached); ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4 steps;
-``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset. The presets apply
-to any ``--config-name`` unchanged.
+``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset; ``--preset
+smollm2`` is the real model (``configs/embedded_smollm2.yaml``, ``make model``), leave-one-out of clip-higher, the
+token-level loss and dynamic sampling, 3 seeds x 40 steps of 8 prompts x 8, one run at a time (docs/ablation.md).
 ``key=value`` overrides (verl's names) apply to every run, after the preset's and the row's own.
 """
 
 from __future__ import annotations
 
 from bench.experiments.ablation.figures import summarise
-from bench.experiments.ablation.plan import CONFIG_NAME, DEVICE_KEY, PRESETS, override_value, rows, run_overrides, slug
+from bench.experiments.ablation.plan import (
+    CONFIG_NAME,
+    DEVICE_KEY,
+    PRESETS,
+    comparisons,
+    override_value,
+    rows,
+    run_overrides,
+    slug,
+)
 from bench.experiments.ablation.stats import direction, paired_interval, verdict_lines, verdicts
 
 __all__ = [
     "CONFIG_NAME",
     "DEVICE_KEY",
     "PRESETS",
+    "comparisons",
     "direction",
     "main",
     "override_value",

@@ -9,9 +9,19 @@ from pathlib import Path
 import bench.experiments.ablation as package
 from bench.common import parser, print_table, write_json
 from bench.experiments.ablation.figures import run_records, summarise
-from bench.experiments.ablation.plan import CONFIG_NAME, DEVICE_KEY, PRESETS, rows, run_overrides, slug
+from bench.experiments.ablation.plan import (
+    CONFIG_NAME,
+    DESIGNS,
+    DEVICE_KEY,
+    PAPER_AIME,
+    PRESETS,
+    comparisons,
+    rows,
+    run_overrides,
+    slug,
+)
 from bench.experiments.ablation.report import table, write_plots, write_report
-from bench.experiments.ablation.run import compose_setting, prepare_start_model, run_all
+from bench.experiments.ablation.run import compose_setting, prepare_start_model, run_all, steps_done
 from bench.experiments.ablation.stats import verdict_lines, verdicts
 
 
@@ -20,6 +30,25 @@ def main(argv: list[str] | None = None) -> int:
     p.prog = "python -m bench.experiments.ablation"
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (verl's names)")
     p.add_argument("--quick", action="store_true", help="2 seeds, 8 steps, 64 validation problems: minutes")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a preset of PRESETS by name")
+    p.add_argument(
+        "--design",
+        choices=DESIGNS,
+        default=None,
+        help="cumulative (the paper's Table 1, the default) or leave-one-out (full DAPO less one technique a row)",
+    )
+    p.add_argument(
+        "--techniques",
+        default=None,
+        help="leave-one-out: the techniques to leave out, comma-separated (default all five)",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="start no run after this many minutes (the same command continues; the report waits for every run)",
+    )
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),
@@ -28,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 5; --quick 2)")
     p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the CPU count; cuda: 6)")
-    p.add_argument("--out", type=Path, default=Path("bench/results/ablation"), help="run directories and report")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directories and report (default bench/results/ablation; with --preset P, bench/results/ablation-P)",
+    )
     p.add_argument(
         "--target",
         type=float,
@@ -39,21 +73,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
     p.add_argument(
         "--config-name",
-        default=CONFIG_NAME,
-        help="the shared setting under configs/ (default: ablation_long; ablation: the 3-digit task)",
+        default=None,
+        help="the shared setting under configs/ (default: the preset's, else ablation_long; ablation: 3 digits)",
     )
     args = p.parse_args(argv)
 
-    preset = PRESETS["quick" if args.quick else "cuda" if args.device == "cuda" else "default"]
+    preset = PRESETS[args.preset or ("quick" if args.quick else "cuda" if args.device == "cuda" else "default")]
+    if args.quick and args.preset:
+        preset = {
+            **preset,
+            "seeds": PRESETS["quick"]["seeds"],
+            "overrides": [*preset["overrides"], *PRESETS["quick"]["overrides"]],
+        }
     seeds = args.seeds or preset["seeds"]
     jobs = args.jobs or preset["jobs"]
+    config_name = args.config_name or preset.get("config_name", CONFIG_NAME)
+    design = args.design or preset.get("design", "cumulative")
+    techniques = args.techniques.split(",") if args.techniques else preset.get("techniques")
     if seeds < 1:
         p.error("--seeds must be >= 1")
+    try:
+        table_rows, compared = rows(design, techniques), comparisons(design, techniques)
+    except ValueError as err:
+        p.error(str(err))
     device = [f"{DEVICE_KEY}={args.device}"] if args.device else []
     extra = [*preset["overrides"], *device, *args.overrides]
-    out = args.out.resolve()
+    out = (args.out or Path("bench/results/ablation" + (f"-{args.preset}" if args.preset else ""))).resolve()
     try:
-        cfg = compose_setting(extra, args.config_name)  # fails early on a misspelt key, before anything runs
+        cfg = compose_setting(extra, config_name)  # fails early on a misspelt key, before anything runs
     except Exception as err:  # noqa: BLE001 - Hydra's and OmegaConf's errors name the key
         print(f"bench.experiments.ablation: error: {str(err).strip()}", file=sys.stderr)
         return 2
@@ -64,37 +111,52 @@ def main(argv: list[str] | None = None) -> int:
     n = int(cfg.actor_rollout_ref.rollout.n)
 
     plan = []
-    for name, row in rows():
+    for name, row in table_rows:
         for seed in range(seeds):
             run_dir = out / slug(name) / f"seed{seed}"
             plan.append((name, seed, run_overrides(row, seed, run_dir, extra), run_dir))
     if args.print_commands:
         for name, seed, overrides, _ in plan:
-            print(f"# {name}, seed {seed}\ndapo-train --config-name {args.config_name} {' '.join(overrides)}")
+            print(f"# {name}, seed {seed}\ndapo-train --config-name {config_name} {' '.join(overrides)}")
         return 0
     if args.fresh and out.exists():
         shutil.rmtree(out)
 
-    print(f"ablation: {len(rows())} rows x {seeds} seeds x {steps} steps, {jobs} at a time, under {out}")
-    prepare_start_model(extra, args.config_name)
-    failures = run_all(plan, jobs, args.config_name)
+    done = sum(steps_done(run_dir, steps) for *_, run_dir in plan)
+    print(
+        f"ablation ({design}): {len(table_rows)} rows x {seeds} seeds x {steps} steps = {len(plan) * steps} training "
+        f"steps ({done} done), {jobs} at a time, under {out}"
+    )
+    prepare_start_model(extra, config_name)
+    deadline = None if args.stop_after is None else args.stop_after * 60
+    failures, unfinished = run_all(plan, jobs, config_name, deadline)
     if failures:
         print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
+    if unfinished:
+        print(
+            f"ablation: stopped after {args.stop_after:g} min with {unfinished} of {len(plan)} runs to go; the same "
+            "command continues (finished runs are reused, an interrupted one resumes from its checkpoint)"
+        )
+        return 0
 
-    results = {name: [] for name, _ in rows()}
+    results = {name: [] for name, _ in table_rows}
     for name, _, _, run_dir in plan:
         results[name].append(run_records(run_dir))
-    figures = summarise(results, args.target, train_batch_size, n)
+    paper = dict(zip(results, PAPER_AIME)) if design == "cumulative" else None
+    figures = {**summarise(results, args.target, train_batch_size, n, compared, paper), "design": design}
     headers, body = table(figures, seeds, steps)
     verdict_list = verdicts(figures)
     print(f"\nstart accuracy {figures['start_acc']:.3f}, target {figures['target']:.3f}")
     print_table(headers, body)
     print("\n" + "\n".join(verdict_lines(verdict_list)))
-    plots = write_plots(results, out / "plots", train_batch_size, n)
+    plots = write_plots(results, out / "plots", compared, train_batch_size, n)
     command = "python -m bench.experiments.ablation " + " ".join(
         [
-            *([f"--config-name {args.config_name}"] if args.config_name != CONFIG_NAME else []),
+            *([f"--preset {args.preset}"] if args.preset else []),
+            *([f"--config-name {args.config_name}"] if args.config_name else []),
+            *([f"--design {args.design}"] if args.design else []),
+            *([f"--techniques {args.techniques}"] if args.techniques else []),
             *(["--quick"] if args.quick else []),
             *([f"--device {args.device}"] if args.device else []),
             *([f"--seeds {seeds}"] if args.seeds else []),
@@ -104,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     report = write_report(out, figures, headers, body, command.strip(), plots, verdict_list)
     print(f"report: {report}")
     write_json(
-        args.json, {**figures, "verdicts": verdict_list, "seeds": seeds, "steps": steps, "command": command.strip()}
+        args.json,
+        {**figures, "verdicts": verdict_list, "seeds": seeds, "steps": steps, "command": command.strip()},
     )
     return 0
 

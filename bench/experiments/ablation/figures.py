@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from bench.experiments.ablation.plan import PAPER_AIME, TAIL_STEPS, TARGET_FRACTION, VAL_PREFIX
+from bench.experiments.ablation.plan import TAIL_STEPS, TARGET_FRACTION, VAL_PREFIX
 from bench.experiments.ablation.stats import paired_interval
 
 
@@ -44,6 +44,37 @@ def train_records(records: list[dict]) -> list[dict]:
 def responses_generated(record: dict, train_batch_size: int, n: int) -> float:
     """Responses generated in a training step (rounds x prompts x n)."""
     return record.get("dapo/generated_prompts", train_batch_size) * n
+
+
+def responses_curve(records: list[dict], train_batch_size: int, n: int) -> list[tuple[float, float]]:
+    """Validation accuracy against the responses generated up to its step: [(responses, accuracy)]."""
+    generated, total = {0: 0.0}, 0.0
+    for r in train_records(records):
+        total += responses_generated(r, train_batch_size, n)
+        generated[r["step"]] = total
+    return [(generated[s], v) for s, v in val_curve(records) if s in generated]
+
+
+def _accuracy_within(curve: list[tuple[float, float]], budget: float) -> float | None:
+    """The accuracy of the last validation whose responses generated are within ``budget``."""
+    within = [acc for responses, acc in curve if responses <= budget]
+    return within[-1] if within else None
+
+
+def matched_differences(with_seeds, without_seeds, train_batch_size: int, n: int) -> list[float | None]:
+    """Per seed, compute-matched: each row's accuracy at its last validation within the responses the cheaper of
+    the two generated in all, the row with the technique less the row without (dynamic sampling generates more a
+    step, so a per-step comparison flatters it)."""
+    out = []
+    for with_records, without_records in zip(with_seeds, without_seeds):
+        a, b = responses_curve(with_records, train_batch_size, n), responses_curve(without_records, train_batch_size, n)
+        if not a or not b:
+            out.append(None)
+            continue
+        budget = min(a[-1][0], b[-1][0])
+        x, y = _accuracy_within(a, budget), _accuracy_within(b, budget)
+        out.append(None if x is None or y is None else x - y)
+    return out
 
 
 def _median_or_none(values: list[float]) -> float | None:
@@ -86,9 +117,29 @@ def _drawdown(curve: list[tuple[int, float]]) -> float:
     return sum(max(0.0, a - b) for (_, a), (_, b) in zip(curve, curve[1:]))
 
 
-def summarise(results: dict[str, list[list[dict]]], target: float | None, train_batch_size: int, n: int) -> dict:
+PAIRED_KEYS = (  # the per-seed figures each technique's paired difference is taken of
+    "val_acc",
+    "final_entropy",
+    "final_response_length",
+    "final_repeat",
+    "truncated_frac",
+    "acc_drawdown",
+    "steps_to_target_censored",
+)
+
+
+def summarise(
+    results: dict[str, list[list[dict]]],
+    target: float | None,
+    train_batch_size: int,
+    n: int,
+    comparisons: list[tuple[str, str, str]],
+    paper: dict[str, object] | None = None,
+) -> dict:
     """The figures of every row from its seeds' metric records (``results[row] = [records of seed 0, ...]``, the
-    same seed at the same index in every row). Per seed lists are kept (``per_seed``) for the paired differences."""
+    same seed at the same index in every row), and of each technique of ``comparisons`` (technique, the row with
+    it, the row without) its paired differences over seeds, with less without (``effects``). Per seed lists are
+    kept (``per_seed``). ``paper``: the paper's figure of each row, where it has one."""
     finals = {name: [(val_curve(r) or [(0, math.nan)])[-1][1] for r in seeds] for name, seeds in results.items()}
     start_accs = [c[0][1] for seeds in results.values() for r in seeds if (c := val_curve(r)) and c[0][0] == 0]
     start_acc = statistics.fmean(start_accs) if start_accs else math.nan
@@ -96,7 +147,7 @@ def summarise(results: dict[str, list[list[dict]]], target: float | None, train_
         best = max(statistics.fmean(v) for v in finals.values())
         target = start_acc + TARGET_FRACTION * (best - start_acc)
     out_rows = []
-    for (name, seeds), paper in zip(results.items(), PAPER_AIME):
+    for name, seeds in results.items():
         per_seed = {
             k: []
             for k in (
@@ -151,22 +202,17 @@ def summarise(results: dict[str, list[list[dict]]], target: float | None, train_
                 "truncated_frac": _fmean(per_seed["truncated_frac"]),
                 "acc_drawdown": _fmean(per_seed["acc_drawdown"]),
                 "generated_responses": _fmean(per_seed["generated_responses"]),
-                "paper_aime_avg32": paper,
+                "paper_aime_avg32": (paper or {}).get(name),
                 "per_seed": {k: [None if math.isinf(v) else v for v in vs] for k, vs in per_seed.items()},
                 "curves": {k: mean_curve(seeds, curve) for k, (_, curve) in CURVES.items()},
             }
         )
-    for before, after in zip(out_rows, out_rows[1:]):
-        after["vs_previous"] = {
-            key: paired_interval(after["per_seed"][key], before["per_seed"][key])
-            for key in (
-                "val_acc",
-                "final_entropy",
-                "final_response_length",
-                "final_repeat",
-                "truncated_frac",
-                "acc_drawdown",
-                "steps_to_target_censored",
-            )
-        }
-    return {"target": target, "start_acc": start_acc, "rows": out_rows}
+    by_name = {row["name"]: row for row in out_rows}
+    effects = []
+    for technique, with_row, without_row in comparisons:
+        a, b = by_name[with_row]["per_seed"], by_name[without_row]["per_seed"]
+        paired = {key: paired_interval(a[key], b[key]) for key in PAIRED_KEYS}
+        matched = matched_differences(results[with_row], results[without_row], train_batch_size, n)
+        paired["val_acc_matched"] = paired_interval(matched, [0.0] * len(matched))
+        effects.append({"technique": technique, "with": with_row, "without": without_row, "paired": paired})
+    return {"target": target, "start_acc": start_acc, "rows": out_rows, "effects": effects}

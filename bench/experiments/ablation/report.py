@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.experiments.ablation.figures import CURVES, mean_curve, responses_generated, train_records, val_curve
+from bench.experiments.ablation.figures import CURVES, mean_curve, responses_curve
 from bench.experiments.ablation.plan import PAPER_FIGURES
 from bench.experiments.ablation.stats import fmt_interval, verdict_lines
 
@@ -14,7 +14,8 @@ def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[o
     headers = [
         "row",
         f"val acc @ step {steps} (mean ± std, {seeds} seed{'s' if seeds > 1 else ''})",
-        "vs row above (paired, 95% CI)",
+        "its technique: with less without (paired, 95% CI)",
+        "same responses generated (paired, 95% CI)",
         "steps to target",
         "responses to target",
         "final entropy",
@@ -23,26 +24,36 @@ def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[o
         "truncated",
         "paper (AIME avg@32)",
     ]
+    # a row shows the effect of the technique it differs by: cumulative, the one it adds; leave-one-out, the one it
+    # leaves out (full DAPO less this row)
+    effect_of = {}
+    for effect in figures["effects"]:
+        effect_of.setdefault(
+            effect["without"] if effect["with"] == figures["rows"][0]["name"] else effect["with"], effect
+        )
     body = []
     for r in figures["rows"]:
         reach = "-" if r["steps_to_target"] is None else f"{r['steps_to_target']:.0f}"
         responses = "-" if r["responses_to_target"] is None else f"{r['responses_to_target']:.0f}"
         if seeds > 1:
             reach += f" ({r['seeds_reaching_target']}/{seeds})"
-        diff = fmt_interval(r["vs_previous"]["val_acc"]) if "vs_previous" in r else ""
+        effect = effect_of.get(r["name"])
+        diff = fmt_interval(effect["paired"]["val_acc"]) if effect else ""
+        matched = fmt_interval(effect["paired"]["val_acc_matched"]) if effect else ""
         repeat = "-" if math.isnan(r["final_repeat"]) else f"{100 * r['final_repeat']:.1f}%"
         body.append(
             [
                 r["name"],
                 f"{r['val_acc_mean']:.3f} ± {r['val_acc_std']:.3f}",
                 diff,
+                matched,
                 reach,
                 responses,
                 f"{r['final_entropy']:.3f}",
                 f"{r['final_response_length']:.1f}",
                 repeat,
                 f"{100 * r['truncated_frac']:.1f}%",
-                r["paper_aime_avg32"],
+                "" if r["paper_aime_avg32"] is None else r["paper_aime_avg32"],
             ]
         )
     return headers, body
@@ -54,15 +65,6 @@ def markdown_table(headers: list[str], body: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
-def _responses_curve(records: list[dict], train_batch_size: int, n: int) -> list[tuple[float, float]]:
-    """Validation accuracy against the responses generated up to its step."""
-    generated, total = {0: 0.0}, 0.0
-    for r in train_records(records):
-        total += responses_generated(r, train_batch_size, n)
-        generated[r["step"]] = total
-    return [(generated[s], v) for s, v in val_curve(records) if s in generated]
-
-
 def _draw(ax, results: dict[str, list[list[dict]]], names, panel: str, train_batch_size: int, n: int) -> None:
     """One panel: each row of ``names`` as its mean over seeds, shaded from the lowest to the highest seed."""
     import numpy as np
@@ -70,7 +72,7 @@ def _draw(ax, results: dict[str, list[list[dict]]], names, panel: str, train_bat
     for name in names:
         seeds = results[name]
         if panel == "accuracy_vs_responses":
-            curves = [_responses_curve(r, train_batch_size, n) for r in seeds]
+            curves = [responses_curve(r, train_batch_size, n) for r in seeds]
             size = min((len(c) for c in curves), default=0)
             if not size:
                 continue
@@ -92,18 +94,30 @@ def _draw(ax, results: dict[str, list[list[dict]]], names, panel: str, train_bat
 
 
 def write_plots(
-    results: dict[str, list[list[dict]]], out_dir: Path, train_batch_size: int = 0, n: int = 1
+    results: dict[str, list[list[dict]]],
+    out_dir: Path,
+    comparisons: list[tuple[str, str, str]],
+    train_batch_size: int = 0,
+    n: int = 1,
 ) -> list[Path]:
-    """Every row on one plot per curve (accuracy, entropy, length, repetition, truncation against steps), then the
-    paper's figures (``PAPER_FIGURES``): two rows side by side, one panel per curve."""
+    """Every row on one plot per curve (accuracy, entropy, length, repetition, truncation against steps, accuracy
+    against responses generated), then the paper's figures (``PAPER_FIGURES``) of the techniques compared: the
+    rows without and with it side by side, one panel per curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = {f"{panel}.png": (None, tuple(results), (panel,)) for panel in CURVES}
-    figures.update({k: v for k, v in PAPER_FIGURES.items() if all(name in results for name in v[1])})
+    figures = {f"{panel}.png": (None, tuple(results), (panel,)) for panel in (*CURVES, "accuracy_vs_responses")}
+    pairs = {technique: (without, with_) for technique, with_, without in comparisons}
+    figures.update(
+        {
+            name: (title, pairs[technique], panels)
+            for name, (title, technique, panels) in PAPER_FIGURES.items()
+            if technique in pairs
+        }
+    )
     written = []
     for file_name, (title, names, panels) in figures.items():
         fig, axes = plt.subplots(
@@ -125,7 +139,7 @@ def write_report(
     out: Path, figures: dict, headers, body, command: str, plots: list[Path], verdict_list: list[dict] | None = None
 ) -> Path:
     text = [
-        "# DAPO ablation on the embedded engine",
+        f"# DAPO ablation on the embedded engine ({figures.get('design', 'cumulative')})",
         "",
         f"Command: `{command}`",
         "",
@@ -133,7 +147,9 @@ def write_report(
         "",
         markdown_table(headers, body),
         "",
-        "Paired: the mean over seeds of (this row - the row above) with the same seed, and its 95% t-interval.",
+        "Paired: the mean over seeds of (the row with the technique - the row without it) with the same seed, and "
+        "its 95% t-interval; same responses generated: each row's accuracy at its last validation within the "
+        "responses the cheaper row generated in all.",
         "Final entropy, length and repetition: the last 5 steps; truncated: over all steps.",
         "",
     ]
@@ -141,8 +157,8 @@ def write_report(
         text += [
             "## Does each technique show its effect in the paper's direction?",
             "",
-            "Computed from the paired differences to the row before (95% t-intervals over seeds): a check is "
-            "shown when its whole interval lies on the paper's side of 0.",
+            "Computed from the paired differences, the row with the technique less the row without (95% "
+            "t-intervals over seeds): a check is shown when its whole interval lies on the paper's side of 0.",
             "",
             *verdict_lines(verdict_list),
             "",

@@ -33,14 +33,14 @@ def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> Non
         torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
         cuda = c.embedded.device == "cuda" or (c.embedded.device == "auto" and torch.cuda.is_available())
         warm_model(
-            c.embedded.cache_dir,
-            c.embedded.task,
-            c.embedded.tiny_model,
-            c.embedded.warmup,
+            c.tiny.cache_dir,
+            c.tiny.task,
+            c.tiny.model,
+            c.tiny.warmup,
             device=torch.device("cuda" if cuda else "cpu"),
         )
     elif c.data.train_files is None or c.data.val_files is None:
-        task_files(c.embedded.cache_dir, c.embedded.task)
+        task_files(c.tiny.cache_dir, c.tiny.task)
 
 
 def _finished(run_dir: Path) -> bool:
@@ -67,18 +67,42 @@ def run_one(
     return name, run_dir, rc, seconds
 
 
-def run_all(plan: list[tuple[str, int, list[str], Path]], jobs: int, config_name: str = CONFIG_NAME) -> list[str]:
-    """Run every unfinished (row, seed) of ``plan``, ``jobs`` at a time; return the failures' descriptions."""
+def steps_done(run_dir: Path, steps: int) -> int:
+    """Training steps a run of the plan has behind it: all of them when finished, else its latest checkpoint's."""
+    if _finished(run_dir):
+        return steps
+    from recipe.embedded.checkpoint import TRACKER
+
+    tracker = run_dir / TRACKER
+    return min(steps, int(tracker.read_text() or 0)) if tracker.is_file() else 0
+
+
+def run_all(
+    plan: list[tuple[str, int, list[str], Path]],
+    jobs: int,
+    config_name: str = CONFIG_NAME,
+    deadline_s: float | None = None,
+) -> tuple[list[str], int]:
+    """Run every unfinished (row, seed) of ``plan``, ``jobs`` at a time, starting none once ``deadline_s`` seconds
+    have passed; return the failures' descriptions and the count of runs left unstarted."""
     todo = [p for p in plan if not _finished(p[3])]
     if len(todo) < len(plan):
         print(f"reusing {len(plan) - len(todo)} finished run(s) under {plan[0][3].parents[1]}")
-    failures, start = [], time.perf_counter()
+    failures, start, skipped = [], time.perf_counter(), []
+
+    def one(name, overrides, run_dir):
+        if deadline_s is not None and time.perf_counter() - start >= deadline_s:
+            skipped.append(name)
+            return None
+        return run_one(name, overrides, run_dir, config_name)
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [
-            pool.submit(run_one, f"{name} / seed {seed}", overrides, run_dir, config_name)
-            for name, seed, overrides, run_dir in todo
+            pool.submit(one, f"{name} / seed {seed}", overrides, run_dir) for name, seed, overrides, run_dir in todo
         ]
         for done, future in enumerate(as_completed(futures), 1):
+            if future.result() is None:
+                continue
             name, run_dir, rc, seconds = future.result()
             status = "ok" if rc == 0 else f"FAILED (exit {rc}; see {run_dir / 'log.txt'})"
             final = final_val(run_dir)
@@ -91,4 +115,4 @@ def run_all(plan: list[tuple[str, int, list[str], Path]], jobs: int, config_name
             if rc != 0:
                 tail = (run_dir / "log.txt").read_text().strip().splitlines()[-5:]
                 failures.append(f"{name}: exit {rc}\n    " + "\n    ".join(tail))
-    return failures
+    return failures, len(skipped)

@@ -1,12 +1,12 @@
-"""The ablation's statistics: each row's paired difference to the row before over seeds (a t-interval,
-``bench.common.mean_interval``) and the verdict on the mechanism the paper names."""
+"""The ablation's statistics: each technique's paired difference over seeds, the row with it less the row without it
+(a t-interval, ``bench.common.mean_interval``), and the verdict on the mechanism the paper names."""
 
 from __future__ import annotations
 
 import math
 
 from bench.common import mean_interval, t_quantile_975
-from bench.experiments.ablation.plan import ACCURACY_CHECK, MECHANISMS, MIN_VERDICT_SEEDS
+from bench.experiments.ablation.plan import ACCURACY_CHECKS, MECHANISMS, MIN_VERDICT_SEEDS
 
 
 def paired_interval(after: list[float | None], before: list[float | None]) -> dict:
@@ -48,13 +48,15 @@ def fmt_interval(interval: dict, digits: int = 3) -> str:
 
 
 def verdicts(figures: dict) -> list[dict]:
-    """For each technique (every row after the first): accuracy and each mechanism of ``MECHANISMS`` against the
-    row before, and an overall word: "shown" (some check in the paper's direction, none opposite), "opposite",
-    "mixed" (both), "not shown" (neither), "too few seeds" (no check had ``MIN_VERDICT_SEEDS``)."""
+    """For each technique (``figures["effects"]``): accuracy (per step and compute-matched) and each mechanism of
+    ``MECHANISMS``, the row with it against the row without, and an overall word: "shown" (some check in the
+    paper's direction, none opposite), "opposite", "mixed" (both), "not shown" (neither), "too few seeds" (no check
+    had ``MIN_VERDICT_SEEDS``)."""
     out = []
-    for row in figures["rows"][1:]:
-        paired = row["vs_previous"]
-        checks = [ACCURACY_CHECK, *MECHANISMS.get(row["name"], [])]
+    rows = {row["name"]: row for row in figures["rows"]}
+    for effect in figures["effects"]:
+        paired = effect["paired"]
+        checks = [*ACCURACY_CHECKS, *MECHANISMS.get(effect["technique"], [])]
         results = [
             {
                 "key": key,
@@ -65,6 +67,7 @@ def verdicts(figures: dict) -> list[dict]:
                 "result": direction(paired[key], sign),
             }
             for key, sign, what, why in checks
+            if key in paired
         ]
         found = {r["result"] for r in results}
         overall = (
@@ -79,11 +82,20 @@ def verdicts(figures: dict) -> list[dict]:
             else "not shown"
         )
         censored = (
-            sum(v is None for v in row["per_seed"]["steps_to_target"])
+            sum(v is None for v in rows[effect["with"]]["per_seed"]["steps_to_target"])
             if any(r["key"] == "steps_to_target_censored" for r in results)
             else 0
         )
-        out.append({"technique": row["name"], "overall": overall, "checks": results, "censored_seeds": censored})
+        out.append(
+            {
+                "technique": effect["technique"],
+                "with": effect["with"],
+                "without": effect["without"],
+                "overall": overall,
+                "checks": results,
+                "censored_seeds": censored,
+            }
+        )
     return out
 
 
@@ -101,5 +113,6 @@ def verdict_lines(verdict_list: list[dict]) -> list[str]:
             if v["censored_seeds"]
             else ""
         )
-        lines.append(f"- **{v['technique']}: {v['overall']}.** " + "; ".join(parts) + note + ".")
+        pair = f" ({v['with']} less {v['without']})"
+        lines.append(f"- **{v['technique']}: {v['overall']}.**{pair} " + "; ".join(parts) + note + ".")
     return lines
