@@ -281,22 +281,15 @@ TINY = [  # a run of seconds: 1-digit operands (one column), the tiny model warm
 ]
 
 
+def _one_seed(out, figures_path, cache) -> list[str]:
+    """The arguments of an ablation of one seed of TINY runs, two at a time, its report under ``out``."""
+    return ["--seeds", "1", "--jobs", "2", "--out", str(out), "--json", str(figures_path), f"cache_dir={cache}", *TINY]
+
+
 def test_quick_runs_every_row_end_to_end_and_writes_table_plots_and_json(embedded_cache, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     out, figures_path = tmp_path / "ablation", tmp_path / "figures.json"
-    args = [
-        "--quick",
-        "--seeds",
-        "1",
-        "--jobs",
-        "2",
-        "--out",
-        str(out),
-        "--json",
-        str(figures_path),
-        f"cache_dir={embedded_cache}",
-        *TINY,
-    ]
+    args = ["--quick", *_one_seed(out, figures_path, embedded_cache)]
     assert ablation.main(args) == 0
     printed = capsys.readouterr().out
 
@@ -490,22 +483,8 @@ def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_da
 ):
     monkeypatch.setenv("WANDB_MODE", "offline")
     out, figures_path = tmp_path / "loo", tmp_path / "figures.json"
-    args = [
-        "--design",
-        "leave-one-out",
-        "--techniques",
-        "clip-higher,dynamic sampling",
-        "--seeds",
-        "1",
-        "--jobs",
-        "2",
-        "--out",
-        str(out),
-        "--json",
-        str(figures_path),
-        f"cache_dir={embedded_cache}",
-        *TINY,
-    ]
+    args = ["--design", "leave-one-out", "--techniques", "clip-higher,dynamic sampling"]
+    args += _one_seed(out, figures_path, embedded_cache)
     # a piece of 0 minutes starts nothing, says so, and writes no report
     assert ablation.main([*args, "--stop-after", "0"]) == 0
     printed = capsys.readouterr().out

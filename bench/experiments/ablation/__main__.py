@@ -57,12 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 5; --quick 2)")
     p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the CPU count; cuda: 6)")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="run directories and report (default bench/results/ablation; with --preset P, bench/results/ablation-P)",
-    )
+    p.add_argument("--out", type=Path, help="run directories and report (default bench/results/ablation[-PRESET])")
     p.add_argument(
         "--target",
         type=float,
