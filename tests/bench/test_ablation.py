@@ -207,6 +207,7 @@ def test_verdicts_from_hand_made_summaries():
         "truncated_frac": [0.05, 0.05, 0.05],
         "acc_drawdown": [0.04, 0.04, 0.04],
         "steps_to_target_censored": [20, 20, 25],
+        "val_acc_matched": [0.0, 0.0, 0.0],  # compute-matched differences, the same in every row here
     }
     changes = [  # each row after the baseline: the previous row's seeds with these changed
         # overlong filtering: accuracy +0.01 in every seed (shown), drawdown -0.02 in every seed (shown)
@@ -237,16 +238,21 @@ def test_verdicts_from_hand_made_summaries():
     ]
     got = {v["with"]: v for v in ablation.verdicts({"rows": summaries, "effects": effects})}
     results = {name: {c["key"]: c["result"] for c in v["checks"]} for name, v in got.items()}
-    assert results[names[1]] == {"val_acc": "shown", "acc_drawdown": "shown"}
-    assert results[names[2]] == {"val_acc": "not shown", "final_entropy": "not shown"}
-    assert results[names[3]] == {"val_acc": "not shown", "truncated_frac": "opposite"}
+    assert results[names[1]] == {"val_acc": "shown", "val_acc_matched": "not shown", "acc_drawdown": "shown"}
+    assert results[names[2]] == {"val_acc": "not shown", "val_acc_matched": "not shown", "final_entropy": "not shown"}
+    assert results[names[3]] == {"val_acc": "not shown", "val_acc_matched": "not shown", "truncated_frac": "opposite"}
     assert results[names[4]] == {
         "val_acc": "shown",
+        "val_acc_matched": "not shown",
         "final_repeat": "opposite",
         "final_response_length": "not shown",
         "final_entropy": "not shown",
     }
-    assert results[names[5]] == {"val_acc": "not shown", "steps_to_target_censored": "shown"}
+    assert results[names[5]] == {
+        "val_acc": "not shown",
+        "val_acc_matched": "not shown",
+        "steps_to_target_censored": "shown",
+    }
     assert [got[n]["overall"] for n in names[1:]] == ["shown", "not shown", "opposite", "mixed", "shown"]
     assert got[names[5]]["censored_seeds"] == 1 and got[names[4]]["censored_seeds"] == 0
     lines = ablation.verdict_lines(list(got.values()))

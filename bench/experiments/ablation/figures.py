@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from bench.experiments.ablation.plan import TAIL_STEPS, TARGET_FRACTION, VAL_PREFIX
-from bench.experiments.ablation.stats import paired_interval
+from bench.experiments.ablation.stats import interval, paired_interval
 
 
 def run_records(run_dir: Path) -> list[dict]:
@@ -213,6 +213,6 @@ def summarise(
         a, b = by_name[with_row]["per_seed"], by_name[without_row]["per_seed"]
         paired = {key: paired_interval(a[key], b[key]) for key in PAIRED_KEYS}
         matched = matched_differences(results[with_row], results[without_row], train_batch_size, n)
-        paired["val_acc_matched"] = paired_interval(matched, [0.0] * len(matched))
+        paired["val_acc_matched"] = interval(matched)
         effects.append({"technique": technique, "with": with_row, "without": without_row, "paired": paired})
     return {"target": target, "start_acc": start_acc, "rows": out_rows, "effects": effects}

@@ -103,7 +103,7 @@ PAPER_FIGURES = {
     "fig2b_clip_higher.png": (
         "Fig. 2b: entropy with vs without Clip-Higher",
         "clip-higher",
-        ("entropy", "accuracy"),
+        ("entropy",),
     ),
     "fig4_token_level_loss.png": (
         "Fig. 4: sample- vs token-level loss",

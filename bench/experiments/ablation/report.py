@@ -26,11 +26,8 @@ def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[o
     ]
     # a row shows the effect of the technique it differs by: cumulative, the one it adds; leave-one-out, the one it
     # leaves out (full DAPO less this row)
-    effect_of = {}
-    for effect in figures["effects"]:
-        effect_of.setdefault(
-            effect["without"] if effect["with"] == figures["rows"][0]["name"] else effect["with"], effect
-        )
+    first = figures["rows"][0]["name"]
+    effect_of = {e["without"] if e["with"] == first else e["with"]: e for e in figures["effects"]}
     body = []
     for r in figures["rows"]:
         reach = "-" if r["steps_to_target"] is None else f"{r['steps_to_target']:.0f}"

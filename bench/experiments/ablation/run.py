@@ -100,10 +100,12 @@ def run_all(
         futures = [
             pool.submit(one, f"{name} / seed {seed}", overrides, run_dir) for name, seed, overrides, run_dir in todo
         ]
-        for done, future in enumerate(as_completed(futures), 1):
-            if future.result() is None:
+        done = 0
+        for future in as_completed(futures):
+            if (result := future.result()) is None:  # not started: past the deadline
                 continue
-            name, run_dir, rc, seconds = future.result()
+            done += 1
+            name, run_dir, rc, seconds = result
             status = "ok" if rc == 0 else f"FAILED (exit {rc}; see {run_dir / 'log.txt'})"
             final = final_val(run_dir)
             acc = f", val acc {final:.3f}" if final is not None else ""

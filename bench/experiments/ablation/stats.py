@@ -9,19 +9,20 @@ from bench.common import mean_interval, t_quantile_975
 from bench.experiments.ablation.plan import ACCURACY_CHECKS, MECHANISMS, MIN_VERDICT_SEEDS
 
 
-def paired_interval(after: list[float | None], before: list[float | None]) -> dict:
-    """Mean of the per-seed differences ``after - before`` and its 95% t-interval over seeds:
-    mean ± t_{0.975, S-1} x sd / sqrt(S). Seeds missing from either side (None, NaN) are left out; with fewer than
-    two seeds left the interval is undefined (None)."""
-    diffs = [
-        a - b
-        for a, b in zip(after, before)
-        if a is not None and b is not None and not math.isnan(a) and not math.isnan(b)
-    ]
-    if not diffs:
+def interval(values: list[float | None]) -> dict:
+    """Mean of ``values`` and its 95% t-interval over seeds: mean ± t_{0.975, S-1} x sd / sqrt(S). Seeds missing
+    (None, NaN) are left out; with fewer than two left the interval is undefined (None)."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
         return {"mean": None, "low": None, "high": None, "seeds": 0}
-    mean, low, high = mean_interval(diffs, t_quantile_975)
-    return {"mean": mean, "low": low, "high": high, "seeds": len(diffs)}
+    mean, low, high = mean_interval(values, t_quantile_975)
+    return {"mean": mean, "low": low, "high": high, "seeds": len(values)}
+
+
+def paired_interval(after: list[float | None], before: list[float | None]) -> dict:
+    """:func:`interval` of the per-seed differences ``after - before``; a seed missing from either side (None,
+    NaN) is left out."""
+    return interval([None if a is None or b is None else a - b for a, b in zip(after, before)])
 
 
 def direction(interval: dict, sign: int) -> str:
@@ -67,7 +68,6 @@ def verdicts(figures: dict) -> list[dict]:
                 "result": direction(paired[key], sign),
             }
             for key, sign, what, why in checks
-            if key in paired
         ]
         found = {r["result"] for r in results}
         overall = (
