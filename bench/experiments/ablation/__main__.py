@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     train_batch_size = int(cfg.data.train_batch_size)
     n = int(cfg.actor_rollout_ref.rollout.n)
 
-    plan = []
-    for name, row in table_rows:
-        for seed in range(seeds):
+    plan = []  # seed by seed, so a plan stopped part-way holds whole paired seeds, not some rows' every seed
+    for seed in range(seeds):
+        for name, row in table_rows:
             run_dir = out / slug(name) / f"seed{seed}"
             plan.append((name, seed, run_overrides(row, seed, run_dir, extra), run_dir))
     if args.print_commands:
