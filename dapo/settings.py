@@ -236,6 +236,12 @@ def setting(key: str, help: str, default: Any = MISSING) -> Any:  # noqa: A002 (
     return field(default=default, metadata={"key": key, "help": help})
 
 
+def engine_setting(key: str, help: str) -> Any:  # noqa: A002 (dataclasses' own word)
+    """A field of a section that one engine alone reads (the embedded engine's, the tiny model's ``tiny.*``): its
+    config key and meaning, with no default (the composed config gives every value)."""
+    return field(metadata={"key": key, "help": help, "shared": False})
+
+
 def shared_declaration(key: str) -> tuple[str, str]:
     """``(key, help)`` of the :func:`setting` that reads ``key`` in :class:`RunSettings`, :class:`SamplingSettings`
     or :class:`EntrySettings` (the settings both engines read); ``KeyError`` for a key none of them declares."""

@@ -146,14 +146,11 @@ def tiny_start_weights(tiny_run):
     whatever other warm-ups the session's cache holds."""
     from safetensors.torch import load_file
 
-    from recipe.common.warmup import warm_model
     from recipe.config import compose
     from recipe.embedded.config import read_config
 
     c = read_config(compose(tiny_run()))
-    return load_file(
-        warm_model(c.tiny.cache_dir, c.tiny.task, c.tiny.model, c.tiny.warmup, device="cpu") / "model.safetensors"
-    )
+    return load_file(c.tiny.model_dir("cpu") / "model.safetensors")
 
 
 @pytest.fixture

@@ -122,9 +122,7 @@ def engine_config(overrides: list[str], config_name: str = "embedded"):
 def data_files(c) -> tuple[str, list[str]]:
     """The train / validation parquet the engine reads (the synthetic task's unless data.*_files are set)."""
     if c.data.train_files is None or c.data.val_files is None:
-        from recipe.common.warmup import task_files
-
-        task_dir = task_files(c.tiny.cache_dir, c.tiny.task)
+        task_dir = c.tiny.task_dir()
     train = c.data.train_files or [str(task_dir / "train.parquet")]
     val = c.data.val_files or [str(task_dir / "val.parquet")]
     if len(train) != 1:
@@ -136,10 +134,9 @@ def start_model(c) -> str:
     """The model both start from: ``actor_rollout_ref.model.path``, else the engine's warm-up cache entry."""
     if c.model.path is not None:
         return c.model.path
-    from recipe.common.warmup import warm_model
 
     start = time.perf_counter()
-    path = warm_model(c.tiny.cache_dir, c.tiny.task, c.tiny.model, c.tiny.warmup, device=torch.device("cpu"))
+    path = c.tiny.model_dir(torch.device("cpu"))
     print(f"start model: {path} ({time.perf_counter() - start:.0f} s to get it, not timed)")
     return str(path)
 
@@ -344,9 +341,7 @@ def check_prompt_parity(c, model_dir: str, train_file: str, rows: int = 64) -> N
     tok = load_tokenizer(model_dir)
     reference = tok
     if c.model.path is None:  # the task's own tokenizer directory (no model config beside it)
-        from recipe.common.warmup import task_files
-
-        reference = AutoTokenizer.from_pretrained(task_files(c.tiny.cache_dir, c.tiny.task) / "tokenizer")
+        reference = AutoTokenizer.from_pretrained(c.tiny.task_dir() / "tokenizer")
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(tmp) / "head.parquet"
         pd.read_parquet(train_file).head(rows).to_parquet(head, index=False)

@@ -51,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     from dapo.loss import truncated_responses
     from dapo.reward import compute_score
     from dapo.settings import eos_token_ids
-    from recipe.common.warmup import task_files, warm_model
     from recipe.config import compose
     from recipe.embedded.config import read_config
     from recipe.embedded.decode import sample
@@ -64,10 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if c.model.path is not None:  # a real model and its own data files
         model_dir, val_file = Path(c.model.path), (c.data.val_files or [None])[0]
     else:
-        model_dir = warm_model(c.tiny.cache_dir, c.tiny.task, c.tiny.model, c.tiny.warmup, device=torch.device("cpu"))
-        val_file = (
-            c.data.val_files[0] if c.data.val_files else task_files(c.tiny.cache_dir, c.tiny.task) / "val.parquet"
-        )
+        model_dir = c.tiny.model_dir(torch.device("cpu"))
+        val_file = c.data.val_files[0] if c.data.val_files else c.tiny.task_dir() / "val.parquet"
     tokenizer = load_tokenizer(model_dir)  # as the engine loads it (AutoTokenizer would change the pre-tokenizer)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     eos = torch.tensor(eos_token_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))

@@ -122,7 +122,6 @@ def build(config_name: str, overrides: list[str]):
     """The composed config, tokenizer, prompts of one round, and the model (fp32 master weights)."""
     from transformers import AutoModelForCausalLM
 
-    from recipe.common.warmup import task_files, warm_model
     from recipe.config import compose
     from recipe.embedded.config import read_config
     from recipe.embedded.data import load_prompts
@@ -132,8 +131,8 @@ def build(config_name: str, overrides: list[str]):
     if c.model.path is not None:  # a real model and its own data files
         model_dir, train_file = c.model.path, c.data.train_files[0]
     else:
-        model_dir = warm_model(c.tiny.cache_dir, c.tiny.task, c.tiny.model, c.tiny.warmup, device=torch.device("cpu"))
-        train_file = str(task_files(c.tiny.cache_dir, c.tiny.task) / "train.parquet")
+        model_dir = c.tiny.model_dir(torch.device("cpu"))
+        train_file = str(c.tiny.task_dir() / "train.parquet")
     torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
     tokenizer = load_tokenizer(model_dir)
     data = load_prompts(

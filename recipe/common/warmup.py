@@ -18,12 +18,12 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dapo.settings import ConfigError, select
+from dapo.settings import ConfigError, engine_setting, select
 from recipe.common.cache import build_atomically, digest
 from recipe.common.log_probs import sequence_log_probs
 from recipe.common.task import AdditionTask, ChainTask, StepsAdditionTask, build_model, build_tokenizer, solution_text
@@ -54,20 +54,16 @@ WARMUP_DEFAULTS = {"steps": 220, "batch_size": 64, "lr": 2e-3, "seed": 0}
 CACHE_SUBDIR = "tiny"  # <cache_dir>/tiny/{task,warmup}-<hash>
 
 
-def _key(key: str, help: str):  # noqa: A002 (dataclasses' own word)
-    return field(metadata={"key": key, "help": help, "shared": False})
-
-
 @dataclass(frozen=True)
 class TinySettings:
     """``tiny.*`` and ``cache_dir``: the tiny Qwen2, its synthetic task and warm-up (``configs/tiny.yaml``), used
     when ``actor_rollout_ref.model.path`` and the data files are null; by both engines (the verl engine on a CPU
     through ``python -m recipe.dapo.cpu.prepare``)."""
 
-    cache_dir: str = _key("cache_dir", "where the project caches what it builds ($DAPO_CACHE_DIR when set)")
-    task: dict = _key("tiny.task", "the synthetic task when the data files are null (recipe/common/task.py)")
-    model: dict = _key("tiny.model", "the tiny Qwen2's shape when actor_rollout_ref.model.path is null")
-    warmup: dict = _key("tiny.warmup", "the tiny model's supervised warm-up (cached)")
+    cache_dir: str = engine_setting("cache_dir", "where the project caches what it builds ($DAPO_CACHE_DIR when set)")
+    task: dict = engine_setting("tiny.task", "the synthetic task when the data files are null (recipe/common/task.py)")
+    model: dict = engine_setting("tiny.model", "the tiny Qwen2's shape when actor_rollout_ref.model.path is null")
+    warmup: dict = engine_setting("tiny.warmup", "the tiny model's supervised warm-up (cached)")
 
     @classmethod
     def from_config(cls, config: Mapping) -> TinySettings:
@@ -78,6 +74,14 @@ class TinySettings:
             model=dict(get("tiny.model") or {}),
             warmup=dict(get("tiny.warmup") or {}),
         )
+
+    def task_dir(self) -> Path:
+        """The task's files (:func:`task_files`): ``train.parquet``, ``val.parquet``, ``tokenizer/``."""
+        return task_files(self.cache_dir, self.task)
+
+    def model_dir(self, device="cpu", **options) -> Path:
+        """The warmed-up tiny model (:func:`warm_model`; ``options``: its ``log`` and ``progress_bar``)."""
+        return warm_model(self.cache_dir, self.task, self.model, self.warmup, device=device, **options)
 
 
 def _settings(given: dict, defaults: dict, key: str) -> dict:

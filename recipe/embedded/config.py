@@ -46,6 +46,7 @@ from dapo.settings import (
     check_float,
     check_int,
     divisor_near,
+    engine_setting,
     select,
     shared_declaration,
 )
@@ -71,11 +72,6 @@ __all__ = [
 ROLLOUT = "actor_rollout_ref.rollout"
 ACTOR = "actor_rollout_ref.actor"
 MODEL = "actor_rollout_ref.model"
-
-
-def _key(key: str, help: str) -> Any:  # noqa: A002 (dataclasses' own word)
-    """A section field the embedded engine alone reads: its verl key and meaning."""
-    return field(metadata={"key": key, "help": help, "shared": False})
 
 
 def _shared(key: str) -> Any:
@@ -108,27 +104,31 @@ def _positive(key: str, value) -> int:
 class DataConfig:
     """``data.*``: the prompt files, their columns, lengths and batch sizes."""
 
-    train_files: list[str] | None = _key(
+    train_files: list[str] | None = engine_setting(
         "data.train_files",
         "parquet files in verl's schema (null: the synthetic task tiny.task, built under cache_dir)",
     )
-    val_files: list[str] | None = _key("data.val_files", "held-out parquet files (null: the synthetic task's)")
-    train_max_samples: int = _key("data.train_max_samples", "rows read from the train files (-1: all)")
-    val_max_samples: int = _key("data.val_max_samples", "rows read from the validation files (-1: all)")
-    prompt_key: str = _key("data.prompt_key", "the column holding the chat messages")
-    reward_fn_key: str = _key("data.reward_fn_key", "the column naming each row's data source")
+    val_files: list[str] | None = engine_setting(
+        "data.val_files", "held-out parquet files (null: the synthetic task's)"
+    )
+    train_max_samples: int = engine_setting("data.train_max_samples", "rows read from the train files (-1: all)")
+    val_max_samples: int = engine_setting("data.val_max_samples", "rows read from the validation files (-1: all)")
+    prompt_key: str = engine_setting("data.prompt_key", "the column holding the chat messages")
+    reward_fn_key: str = engine_setting("data.reward_fn_key", "the column naming each row's data source")
     max_prompt_length: int = _shared("data.max_prompt_length")
     max_response_length: int = _shared("data.max_response_length")
     train_batch_size: int = _shared("data.train_batch_size")
     gen_batch_size: int = _shared("data.gen_batch_size")
-    val_batch_size: int | None = _key("data.val_batch_size", "prompts per validation sampling call (null: all)")
-    shuffle: bool = _key("data.shuffle", "draw train prompts in a seeded shuffled order each epoch")
-    seed: int = _key("data.seed", "the prompt order's seed (null: embedded.seed)")
-    filter_overlong_prompts: bool = _key(
+    val_batch_size: int | None = engine_setting(
+        "data.val_batch_size", "prompts per validation sampling call (null: all)"
+    )
+    shuffle: bool = engine_setting("data.shuffle", "draw train prompts in a seeded shuffled order each epoch")
+    seed: int = engine_setting("data.seed", "the prompt order's seed (null: embedded.seed)")
+    filter_overlong_prompts: bool = engine_setting(
         "data.filter_overlong_prompts", "drop prompts longer than max_prompt_length instead of refusing them"
     )
-    truncation: str = _key("data.truncation", "a prompt over max_prompt_length: error, left, right or middle")
-    apply_chat_template_kwargs: dict = _key(
+    truncation: str = engine_setting("data.truncation", "a prompt over max_prompt_length: error, left, right or middle")
+    apply_chat_template_kwargs: dict = engine_setting(
         "data.apply_chat_template_kwargs", "extra keyword arguments of the tokenizer's apply_chat_template"
     )
 
@@ -182,10 +182,12 @@ class RolloutConfig:
     val_n: int = _shared(f"{ROLLOUT}.val_kwargs.n")
     val_temperature: float = _shared(f"{ROLLOUT}.val_kwargs.temperature")
     val_top_p: float = _shared(f"{ROLLOUT}.val_kwargs.top_p")
-    val_top_k: int = _key(f"{ROLLOUT}.val_kwargs.top_k", "validation top-k (0: off; -1 reads as 0)")
-    val_do_sample: bool = _key(f"{ROLLOUT}.val_kwargs.do_sample", "sample validation responses (false: greedy)")
-    max_num_seqs: int = _key(f"{ROLLOUT}.max_num_seqs", "responses decoded at once (memory: the KV cache)")
-    log_prob_micro_batch_size: int = _key(
+    val_top_k: int = engine_setting(f"{ROLLOUT}.val_kwargs.top_k", "validation top-k (0: off; -1 reads as 0)")
+    val_do_sample: bool = engine_setting(
+        f"{ROLLOUT}.val_kwargs.do_sample", "sample validation responses (false: greedy)"
+    )
+    max_num_seqs: int = engine_setting(f"{ROLLOUT}.max_num_seqs", "responses decoded at once (memory: the KV cache)")
+    log_prob_micro_batch_size: int = engine_setting(
         f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
         "responses per forward when old log-probs are recomputed (null: the actor's micro-batch)",
     )
@@ -222,20 +224,20 @@ class ActorConfig:
     """``actor_rollout_ref.actor.*``: how the policy update batches the train batch, and its optimizer."""
 
     ppo_mini_batch_size: int = _shared(f"{ACTOR}.ppo_mini_batch_size")
-    ppo_micro_batch_size: int = _key(
+    ppo_micro_batch_size: int = engine_setting(
         f"{ACTOR}.ppo_micro_batch_size_per_gpu",
         "responses per forward/backward (gradients accumulate; the loss is unchanged)",
     )
     ppo_epochs: int = _shared(f"{ACTOR}.ppo_epochs")
-    grad_clip: float = _key(
+    grad_clip: float = engine_setting(
         f"{ACTOR}.optim.clip_grad",
         "largest gradient norm an update keeps (optim.grad_clip, deprecated, overrides it when set)",
     )
     lr: float = _shared(f"{ACTOR}.optim.lr")
-    lr_warmup_steps: int = _key(f"{ACTOR}.optim.lr_warmup_steps", "linear warm-up steps (-1 or 0: none)")
+    lr_warmup_steps: int = engine_setting(f"{ACTOR}.optim.lr_warmup_steps", "linear warm-up steps (-1 or 0: none)")
     weight_decay: float = _shared(f"{ACTOR}.optim.weight_decay")
     betas: tuple[float, float] = _shared(f"{ACTOR}.optim.betas")
-    entropy_coeff: float = _key(f"{ACTOR}.entropy_coeff", "entropy bonus in the loss (DAPO: 0)")
+    entropy_coeff: float = engine_setting(f"{ACTOR}.entropy_coeff", "entropy bonus in the loss (DAPO: 0)")
 
     @classmethod
     def from_config(cls, config: Mapping, run: RunSettings) -> ActorConfig:
@@ -276,15 +278,15 @@ class ActorConfig:
 class ModelConfig:
     """``actor_rollout_ref.model.*``: the policy to load."""
 
-    path: str | None = _key(
+    path: str | None = engine_setting(
         f"{MODEL}.path", "a local Hugging Face folder or hub id (null: the embedded tiny Qwen2, warmed up)"
     )
-    tokenizer_path: str | None = _key(f"{MODEL}.tokenizer_path", "the tokenizer's folder (null: model.path)")
-    custom_chat_template: str | None = _key(
+    tokenizer_path: str | None = engine_setting(f"{MODEL}.tokenizer_path", "the tokenizer's folder (null: model.path)")
+    custom_chat_template: str | None = engine_setting(
         f"{MODEL}.custom_chat_template", "a Jinja chat template replacing the tokenizer's"
     )
-    trust_remote_code: bool = _key(f"{MODEL}.trust_remote_code", "run the model folder's own Python code")
-    gradient_checkpointing: bool = _key(
+    trust_remote_code: bool = engine_setting(f"{MODEL}.trust_remote_code", "run the model folder's own Python code")
+    gradient_checkpointing: bool = engine_setting(
         f"{MODEL}.enable_gradient_checkpointing", "recompute activations in the backward pass (less memory, slower)"
     )
 
@@ -303,10 +305,10 @@ class ModelConfig:
 class AlgorithmConfig:
     """``algorithm.*``: the advantage and the behaviour policy's log-probs."""
 
-    norm_adv_by_std_in_grpo: bool = _key(
+    norm_adv_by_std_in_grpo: bool = engine_setting(
         "algorithm.norm_adv_by_std_in_grpo", "divide each group's advantages by its reward standard deviation"
     )
-    bypass_mode: bool = _key(
+    bypass_mode: bool = engine_setting(
         "algorithm.rollout_correction.bypass_mode",
         "old log-probs from the sampling pass (true) or recomputed by the actor (false)",
     )
@@ -334,12 +336,14 @@ class AlgorithmConfig:
 class RewardConfig:
     """``reward.custom_reward_function.*``: the scorer (``dapo.reward.compute_score`` unless set)."""
 
-    path: str | None = _key(
+    path: str | None = engine_setting(
         "reward.custom_reward_function.path",
         "a Python file with the scoring function (null: dapo.reward.compute_score)",
     )
-    name: str = _key("reward.custom_reward_function.name", "the function's name in that file")
-    kwargs: dict = _key("reward.custom_reward_function.reward_kwargs", "keyword arguments passed to every call")
+    name: str = engine_setting("reward.custom_reward_function.name", "the function's name in that file")
+    kwargs: dict = engine_setting(
+        "reward.custom_reward_function.reward_kwargs", "keyword arguments passed to every call"
+    )
     timeout_s: float | None = _shared("dapo.reward_timeout_s")
 
     @classmethod
@@ -371,25 +375,29 @@ class TrainerConfig:
     total_epochs: int = _shared("trainer.total_epochs")
     test_freq: int = _shared("trainer.test_freq")
     save_freq: int = _shared("trainer.save_freq")
-    logger: tuple[str, ...] = _key(
+    logger: tuple[str, ...] = engine_setting(
         "trainer.logger",
         "console, wandb (offline without credentials), file (metrics.jsonl, always written), and through verl's "
         "Tracking tensorboard (into <run dir>/tensorboard unless TENSORBOARD_DIR), mlflow, swanlab, clearml, trackio",
     )
-    project_name: str = _key("trainer.project_name", "the W&B project")
-    experiment_name: str = _key("trainer.experiment_name", "the W&B run name")
-    run_dir: str = _key("trainer.default_local_dir", "the run directory: metrics.jsonl, plots, checkpoints")
-    resume_mode: str = _key(
+    project_name: str = engine_setting("trainer.project_name", "the W&B project")
+    experiment_name: str = engine_setting("trainer.experiment_name", "the W&B run name")
+    run_dir: str = engine_setting("trainer.default_local_dir", "the run directory: metrics.jsonl, plots, checkpoints")
+    resume_mode: str = engine_setting(
         "trainer.resume_mode", "auto (the newest intact checkpoint of this run), disable or resume_path"
     )
-    resume_from_path: str | None = _key("trainer.resume_from_path", "the checkpoint resume_mode=resume_path takes")
-    val_before_train: bool = _key("trainer.val_before_train", "validate the start model (skipped when resuming)")
-    val_only: bool = _key("trainer.val_only", "validate and stop")
-    validation_data_dir: str | None = _key(
+    resume_from_path: str | None = engine_setting(
+        "trainer.resume_from_path", "the checkpoint resume_mode=resume_path takes"
+    )
+    val_before_train: bool = engine_setting(
+        "trainer.val_before_train", "validate the start model (skipped when resuming)"
+    )
+    val_only: bool = engine_setting("trainer.val_only", "validate and stop")
+    validation_data_dir: str | None = engine_setting(
         "trainer.validation_data_dir",
         "where each validation's responses are written, <step>.jsonl (input, output, gts, score, acc); null: not",
     )
-    max_ckpt_to_keep: int | None = _key("trainer.max_actor_ckpt_to_keep", "checkpoints kept (null: all)")
+    max_ckpt_to_keep: int | None = engine_setting("trainer.max_actor_ckpt_to_keep", "checkpoints kept (null: all)")
 
     @classmethod
     def from_config(cls, config: Mapping, run: RunSettings) -> TrainerConfig:
@@ -430,15 +438,17 @@ class TrainerConfig:
 class EmbeddedConfig:
     """``embedded.*``: the engine's own keys (``configs/embedded.yaml``)."""
 
-    seed: int = _key("embedded.seed", "seeds Python, NumPy and torch (and the prompt order unless data.seed)")
-    device: str = _key("embedded.device", "auto (CUDA when visible, else CPU), cpu, cuda or cuda:N")
-    dtype: str = _key(
+    seed: int = engine_setting("embedded.seed", "seeds Python, NumPy and torch (and the prompt order unless data.seed)")
+    device: str = engine_setting("embedded.device", "auto (CUDA when visible, else CPU), cpu, cuda or cuda:N")
+    dtype: str = engine_setting(
         "embedded.dtype",
         "auto, float32, float64 or bfloat16 (bf16 compute over fp32 weights, a bf16 copy for sampling) or float16",
     )
-    num_threads: int | None = _key("embedded.num_threads", "torch's CPU threads (null: torch's default)")
-    progress_bar: bool = _key("embedded.progress_bar", "a progress bar on the terminal (off: one line per step)")
-    fast_path: bool = _key(
+    num_threads: int | None = engine_setting("embedded.num_threads", "torch's CPU threads (null: torch's default)")
+    progress_bar: bool = engine_setting(
+        "embedded.progress_bar", "a progress bar on the terminal (off: one line per step)"
+    )
+    fast_path: bool = engine_setting(
         "embedded.fast_path",
         "Llama / Qwen2 models: the fused decoder samples, and on a CPU the update's attention runs as fp32 products "
         "and its head in chunks (false: the model's own forward throughout; the same distribution and loss)",

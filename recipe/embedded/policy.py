@@ -18,7 +18,6 @@ import torch
 
 from dapo.settings import eos_token_ids
 from recipe.common.cpu import cpu_has_bf16
-from recipe.common.warmup import task_files, warm_model
 from recipe.embedded.attention import use_cpu_attention
 from recipe.embedded.config import ConfigError, EngineConfig
 from recipe.embedded.fused_decoder import FusedDecoder, unsupported_reason
@@ -135,7 +134,7 @@ def policy_tokenizer(c: EngineConfig, resume_from: Path | None):
     elif c.model.path is not None:
         tokenizer_dir = c.model.tokenizer_path or c.model.path
     else:
-        tokenizer_dir = task_files(c.tiny.cache_dir, c.tiny.task) / "tokenizer"
+        tokenizer_dir = c.tiny.task_dir() / "tokenizer"
     try:
         tokenizer = load_tokenizer(tokenizer_dir, c.model.trust_remote_code)
     except OSError as err:
@@ -164,14 +163,7 @@ def load_policy(c: EngineConfig, resume_from: Path | None, tokenizer) -> Policy:
     elif c.model.path is not None:
         model_dir = c.model.path
     else:
-        model_dir = warm_model(
-            c.tiny.cache_dir,
-            c.tiny.task,
-            c.tiny.model,
-            c.tiny.warmup,
-            device=device,
-            progress_bar=c.embedded.progress_bar,
-        )
+        model_dir = c.tiny.model_dir(device, progress_bar=c.embedded.progress_bar)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=param_dtype, trust_remote_code=c.model.trust_remote_code

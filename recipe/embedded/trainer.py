@@ -73,7 +73,6 @@ from dapo.shaping import overlong_penalty
 from recipe.common import checks
 from recipe.common.identity import run_identity
 from recipe.common.rundir import lock_run_dir, unlock_run_dir
-from recipe.common.warmup import task_files
 from recipe.common.watchdog import Watchdog, resume_advice
 from recipe.config import EXIT_WATCHDOG, say_last
 from recipe.embedded import checkpoint
@@ -704,7 +703,7 @@ def _seed_everything(seed: int) -> None:
 def _load_data(c: EngineConfig, tokenizer) -> tuple[PromptSet, PromptSet]:
     task_dir = None
     if c.data.train_files is None or c.data.val_files is None:
-        task_dir = task_files(c.tiny.cache_dir, c.tiny.task)
+        task_dir = c.tiny.task_dir()
     common = c.data.prompt_kwargs()
     train = load_prompts(
         c.data.train_files or [str(task_dir / "train.parquet")],

@@ -25,22 +25,15 @@ def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> Non
     """Build the task files and the warmed-up start model once, before the parallel runs (they all reuse it)."""
     import torch
 
-    from recipe.common.warmup import task_files, warm_model
     from recipe.embedded.config import read_config
 
     c = read_config(compose_setting(extra, config_name))
     if c.model.path is None:
         torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
         cuda = c.embedded.device == "cuda" or (c.embedded.device == "auto" and torch.cuda.is_available())
-        warm_model(
-            c.tiny.cache_dir,
-            c.tiny.task,
-            c.tiny.model,
-            c.tiny.warmup,
-            device=torch.device("cuda" if cuda else "cpu"),
-        )
+        c.tiny.model_dir(torch.device("cuda" if cuda else "cpu"))
     elif c.data.train_files is None or c.data.val_files is None:
-        task_files(c.tiny.cache_dir, c.tiny.task)
+        c.tiny.task_dir()
 
 
 def _finished(run_dir: Path) -> bool:

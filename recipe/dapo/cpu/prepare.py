@@ -23,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from recipe.common.cache import link_atomically
-from recipe.common.warmup import TinySettings, task_files, warm_model
+from recipe.common.warmup import TinySettings
 from recipe.config import compose
 
 ASSETS = "verl-cpu"
@@ -35,8 +35,8 @@ def prepare(overrides: list[str] | None = None, log=print) -> Path:
     config = compose([f"+experiment={EXPERIMENT}", *(overrides or [])], "dapo_trainer")
     tiny = TinySettings.from_config(OmegaConf.to_container(config, resolve=True, throw_on_missing=False))
     torch.set_num_threads(1)  # the tiny model's ops are too small to split (the embedded engine runs it on one too)
-    model_dir = warm_model(tiny.cache_dir, tiny.task, tiny.model, tiny.warmup, device=torch.device("cpu"), log=log)
-    task_dir = task_files(tiny.cache_dir, tiny.task)
+    model_dir = tiny.model_dir(torch.device("cpu"), log=log)
+    task_dir = tiny.task_dir()
     out = Path(tiny.cache_dir) / ASSETS
     out.mkdir(parents=True, exist_ok=True)
     link_atomically(model_dir, out / "model")
