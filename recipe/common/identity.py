@@ -1,11 +1,11 @@
 """What a run is, so that a checkpoint is resumed only by the run it belongs to.
 
 A checkpoint records its run's identity (``run.json`` beside ``trainer_state.pt``): the model it started from
-(``actor_rollout_ref.model.path``, or the settings that build the tiny model: ``tiny.task``, ``tiny.model``,
-``tiny.warmup``), the data files (paths, row counts), every setting that changes what a
-step computes (:data:`TRAINING_KEYS`, verl's names). Settings that only change how long, how often or where a run
-reports (``trainer.total_training_steps``, ``trainer.test_freq``, ``trainer.logger``, micro-batch sizes, threads)
-are not part of it, so a finished run can be extended and a resumed one watched differently.
+(``actor_rollout_ref.model.path``, and the folder it resolves to when it is a link, or the settings that build the
+tiny model: ``tiny.task``, ``tiny.model``, ``tiny.warmup``), the data files (paths, row counts), every setting that
+changes what a step computes (:data:`TRAINING_KEYS`, verl's names). Settings that only change how long, how often or
+where a run reports (``trainer.total_training_steps``, ``trainer.test_freq``, ``trainer.logger``, micro-batch sizes,
+threads) are not part of it, so a finished run can be extended and a resumed one watched differently.
 
 Resuming into a checkpoint whose identity differs is refused before any model is loaded, naming the keys that
 differ and the three ways out (a new ``trainer.experiment_name``, another ``trainer.default_local_dir``, or
@@ -73,6 +73,9 @@ TRAINING_KEYS = (  # the settings that change what a training step computes (ver
     "embedded.dtype",
 )
 MODEL_KEY = "actor_rollout_ref.model.path"
+# the folder a model path that is (or passes through) a symbolic link resolves to: the same link to another model
+# is another run; a checkpoint recorded before this key was kept is compared by the path alone
+MODEL_TARGET = f"{MODEL_KEY} (target)"
 TINY_MODEL_KEYS = ("tiny.task", "tiny.model", "tiny.warmup")
 # labels that checkpoints written before the tiny model had its own section (configs/tiny.yaml) recorded
 FORMER_LABELS = {"embedded.task": "tiny.task", "embedded.model": "tiny.model", "embedded.warmup": "tiny.warmup"}
@@ -111,9 +114,10 @@ def run_identity(cfg: DictConfig) -> dict:
     """``{verl key: value}`` of what this run is: model, data files, the settings of :data:`TRAINING_KEYS`."""
     get = lambda key: _plain(select(cfg, key))  # noqa: E731
     model = get(MODEL_KEY)
-    identity: dict = {
-        MODEL_KEY: _local_path(str(model)) if model and os.path.exists(os.path.expanduser(str(model))) else model
-    }
+    local = model and os.path.exists(os.path.expanduser(str(model)))
+    identity: dict = {MODEL_KEY: _local_path(str(model)) if local else model}
+    if local and os.path.realpath(identity[MODEL_KEY]) != identity[MODEL_KEY]:  # a link, repointed by a rebuild
+        identity[MODEL_TARGET] = os.path.realpath(identity[MODEL_KEY])  # (the verl CPU run's <cache_dir>/verl-cpu)
     if model is None:  # the tiny model: its build settings are what it is
         identity.update({key: get(key) for key in TINY_MODEL_KEYS})
     for key in DATA_KEYS:
@@ -146,7 +150,9 @@ def differences(recorded: dict, current: dict) -> list[str]:
     return [
         f"{key}: {_short(recorded.get(key))} there, {_short(current.get(key))} now"
         for key in keys
-        if recorded.get(key) != current.get(key) and not _unknown_rows(key, recorded, current)
+        if recorded.get(key) != current.get(key)
+        and not _unknown_rows(key, recorded, current)
+        and not (key == MODEL_TARGET and key not in recorded)
     ]
 
 

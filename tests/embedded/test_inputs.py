@@ -358,3 +358,30 @@ def test_a_checkpoint_recorded_under_the_former_embedded_labels_is_the_same_run(
     check_same_run(tmp_path, current)
     with pytest.raises(ConfigError, match=r"tiny.warmup: \{.*\"steps\": 50.*\} there, \{.*\"steps\": 60.*\} now"):
         check_same_run(tmp_path, run_identity(compose(["tiny.warmup.steps=60"], "embedded")))
+
+
+def test_a_model_link_repointed_at_another_model_is_another_run(tmp_path):
+    # the verl CPU run reads its model through <cache_dir>/verl-cpu/model, a link that recipe.dapo.cpu.prepare
+    # repoints when tiny.* changes: the same link to another model is another run, named by the folder it reaches
+    import os
+
+    from recipe.common.identity import MODEL_TARGET, check_same_run, run_identity, write_identity
+
+    for name in ("warmup-a", "warmup-b"):
+        (tmp_path / name).mkdir()
+    link = tmp_path / "model"
+    link.symlink_to(tmp_path / "warmup-a")
+    config = compose([f"actor_rollout_ref.model.path={link}"], "dapo_trainer")
+    recorded = run_identity(config)
+    assert recorded[MODEL_TARGET] == os.path.realpath(tmp_path / "warmup-a")
+    write_identity(tmp_path, recorded)
+    check_same_run(tmp_path, run_identity(config))
+    link.unlink()
+    link.symlink_to(tmp_path / "warmup-b")
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.path \(target\): .*warmup-a.* there, .*warmup-b"):
+        check_same_run(tmp_path, run_identity(config))
+    # a checkpoint recorded before the target was kept is compared by the path alone; a plain folder records none
+    write_identity(tmp_path, {k: v for k, v in recorded.items() if k != MODEL_TARGET})
+    check_same_run(tmp_path, run_identity(config))
+    plain = compose([f"actor_rollout_ref.model.path={tmp_path / 'warmup-a'}"], "dapo_trainer")
+    assert MODEL_TARGET not in run_identity(plain)
