@@ -519,6 +519,21 @@ def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_da
     for name in ("fig2b_clip_higher", "fig6_dynamic_sampling", "accuracy_vs_responses"):
         assert f"plots/{name}.png" in report
     assert "fig4_token_level_loss" not in report  # not compared in this plan
-    # the finished runs are reused: the same command trains nothing more
-    assert ablation.main(args) == 0
+    # the finished runs are reused: the same command trains nothing more; --eval-k evaluates each run's last
+    # checkpoint and the start model, k answers a problem, and pairs those accuracies like the rest
+    assert ablation.main([*args, "--eval-k", "2"]) == 0
     assert "reusing 3 finished run(s)" in capsys.readouterr().out
+    figures = json.loads(figures_path.read_text())
+    assert figures["eval_k"] == 2 and 0.0 <= figures["start_eval_acc"] <= 1.0
+    rows = {r["name"]: r for r in figures["rows"]}
+    for name, row in rows.items():
+        answers = out / ablation.slug(name) / "seed0" / "eval-k2" / "0.jsonl"
+        lines = [json.loads(line) for line in answers.read_text().splitlines()]
+        assert len(lines) == 2 * 8  # 8 held-out problems (tiny.task.val_size), twice each
+        assert row["per_seed"]["eval_acc"] == [pytest.approx(sum(a["acc"] for a in lines) / len(lines))]
+    for effect in figures["effects"]:
+        expected = rows["DAPO"]["per_seed"]["eval_acc"][0] - rows[effect["without"]]["per_seed"]["eval_acc"][0]
+        assert effect["paired"]["eval_acc"]["mean"] == pytest.approx(expected)
+    report = (out / "report.md").read_text()
+    assert "| row | avg@2 at the end (mean, 1 seed) | with less without | val acc @ step 2" in report
+    assert "final accuracy, 2 answers a held-out problem should rise" in report

@@ -48,11 +48,15 @@ prompt order with the same sampling seed):
   final length       response_length/mean over the last 5 steps
   repetition         response/repeat_ngram_frac (responses repeating a 4-gram) over the last 5 steps
   truncated          dapo/overlong_frac, the share of trained responses cut at the length limit, over all steps
+  avg@K at the end   with ``--eval-k K`` (the smollm2 preset: 4): each run's last checkpoint answering every
+                     held-out problem K times (``bench.experiments.paired_eval``), the mean over seeds, and the
+                     technique's paired difference; the start model is evaluated alike. It is the accuracy to read:
+                     the one-sample validation's noise is about sqrt(K) times larger
 The target (``--target``) defaults to the start accuracy plus 0.8 x the best row's gain (its mean final accuracy
 less the start), a level the best row reaches late in the budget, so that the steps to reach it tell rows apart.
 
-Verdicts (``verdicts``): for each technique, its paired difference (with less without) on accuracy, per step and
-compute-matched, and on the
+Verdicts (``verdicts``): for each technique, its paired difference (with less without) on accuracy (avg@K at the
+end with ``--eval-k``, the last validation, and the compute-matched validation), and on the
 mechanism the paper names (``MECHANISMS``: entropy for Clip-Higher; repetition, length and entropy for the
 token-level loss; accuracy drawdown for overlong filtering; truncation for the soft punishment; steps to target
 for dynamic sampling, a seed that never reaches it counting as one step past the budget). "shown" when the
@@ -61,7 +65,7 @@ interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "
 
 Run: python -m bench.experiments.ablation [--preset NAME] [--config-name NAME] [--design D] [--techniques T,...]
                                          [--quick] [--device cuda] [--seeds N] [--jobs N] [--stop-after MINUTES]
-                                         [--json PATH] [--out DIR] [key=value ...]
+                                         [--eval-k K] [--json PATH] [--out DIR] [key=value ...]
 It says at the start how many training steps the plan is and how many are done; ``--stop-after`` starts no run
 after that many minutes, so a long plan runs in pieces of the same command. Runs go seed by seed (every row's seed 0,
 then every row's seed 1), so a plan stopped part-way holds whole paired seeds.
@@ -70,7 +74,8 @@ CPUs, one torch thread each (docs/ablation.md: 49 minutes on 2 cores, plus a one
 of the start model when it is not cached); ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4 steps;
 ``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset; ``--preset
 smollm2`` is the real model (``configs/embedded_smollm2.yaml``, ``make model``), leave-one-out of clip-higher, the
-token-level loss and dynamic sampling, 3 seeds x 40 steps of 8 prompts x 8, one run at a time (docs/ablation.md).
+token-level loss and dynamic sampling, 3 seeds x 40 steps of 8 prompts x 8, one run at a time, the final
+checkpoints evaluated with 4 answers a problem (docs/ablation.md).
 ``key=value`` overrides (verl's names) apply to every run, after the preset's and the row's own.
 """
 

@@ -21,7 +21,7 @@ from bench.experiments.ablation.plan import (
     slug,
 )
 from bench.experiments.ablation.report import table, write_plots, write_report
-from bench.experiments.ablation.run import compose_setting, prepare_start_model, run_all, steps_done
+from bench.experiments.ablation.run import compose_setting, evaluate_runs, prepare_start_model, run_all, steps_done
 from bench.experiments.ablation.stats import verdict_lines, verdicts
 
 
@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="target validation accuracy (default: start + 0.8 x the best row's gain)",
+    )
+    p.add_argument(
+        "--eval-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="final accuracy with K answers a held-out problem, each run's last checkpoint and the start model "
+        "(bench.experiments.paired_eval; default: the preset's, 0 = the last one-sample validation only)",
     )
     p.add_argument("--fresh", action="store_true", help="delete earlier runs under --out instead of reusing them")
     p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
@@ -122,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ablation ({design}): {len(table_rows)} rows x {seeds} seeds x {steps} steps = {len(plan) * steps} training "
         f"steps ({done} done), {jobs} at a time, under {out}"
     )
-    prepare_start_model(extra, config_name)
+    start_model = prepare_start_model(extra, config_name)
     deadline = None if args.stop_after is None else args.stop_after * 60
     failures, unfinished = run_all(plan, jobs, config_name, deadline)
     if failures:
@@ -138,11 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     results = {name: [] for name, _ in table_rows}
     for name, _, _, run_dir in plan:
         results[name].append(run_records(run_dir))
+    eval_k = preset.get("eval_k", 0) if args.eval_k is None else args.eval_k
+    evals = evaluate_runs(plan, steps, eval_k, start_model, out, config_name, extra) if eval_k > 0 else None
     paper = dict(zip(results, PAPER_AIME)) if design == "cumulative" else None
-    figures = {**summarise(results, args.target, train_batch_size, n, compared, paper), "design": design}
+    figures = {
+        **summarise(results, args.target, train_batch_size, n, compared, paper, evals),
+        "design": design,
+        "eval_k": eval_k,
+    }
     headers, body = table(figures, seeds, steps)
     verdict_list = verdicts(figures)
-    print(f"\nstart accuracy {figures['start_acc']:.3f}, target {figures['target']:.3f}")
+    evaluated = f" (avg@{eval_k}: {figures['start_eval_acc']:.3f})" if eval_k else ""
+    print(f"\nstart accuracy {figures['start_acc']:.3f}{evaluated}, target {figures['target']:.3f}")
     print_table(headers, body)
     print("\n" + "\n".join(verdict_lines(verdict_list)))
     plots = write_plots(results, out / "plots", compared, train_batch_size, n)
@@ -155,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             *(["--quick"] if args.quick else []),
             *([f"--device {args.device}"] if args.device else []),
             *([f"--seeds {seeds}"] if args.seeds else []),
+            *([f"--eval-k {args.eval_k}"] if args.eval_k is not None else []),
             *args.overrides,
         ]
     )

@@ -135,11 +135,14 @@ def summarise(
     n: int,
     comparisons: list[tuple[str, str, str]],
     paper: dict[str, object] | None = None,
+    evals: dict | None = None,
 ) -> dict:
     """The figures of every row from its seeds' metric records (``results[row] = [records of seed 0, ...]``, the
     same seed at the same index in every row), and of each technique of ``comparisons`` (technique, the row with
     it, the row without) its paired differences over seeds, with less without (``effects``). Per seed lists are
-    kept (``per_seed``). ``paper``: the paper's figure of each row, where it has one."""
+    kept (``per_seed``). ``paper``: the paper's figure of each row, where it has one. ``evals``: the final
+    checkpoints' accuracy with several answers a problem (``run.evaluate_runs``), paired like the rest as
+    ``eval_acc``."""
     finals = {name: [(val_curve(r) or [(0, math.nan)])[-1][1] for r in seeds] for name, seeds in results.items()}
     start_accs = [c[0][1] for seeds in results.values() for r in seeds if (c := val_curve(r)) and c[0][0] == 0]
     start_acc = statistics.fmean(start_accs) if start_accs else math.nan
@@ -186,6 +189,8 @@ def summarise(
             per_seed["generated_responses"].append(sum(responses_generated(r, train_batch_size, n) for r in train))
         accs = finals[name]
         per_seed["val_acc"] = accs
+        if evals is not None:
+            per_seed["eval_acc"] = evals["rows"][name]
         steps_to = per_seed["steps_to_target"]
         out_rows.append(
             {
@@ -202,6 +207,7 @@ def summarise(
                 "truncated_frac": _fmean(per_seed["truncated_frac"]),
                 "acc_drawdown": _fmean(per_seed["acc_drawdown"]),
                 "generated_responses": _fmean(per_seed["generated_responses"]),
+                "eval_acc_mean": _fmean(v for v in evals["rows"][name] if v is not None) if evals else None,
                 "paper_aime_avg32": (paper or {}).get(name),
                 "per_seed": {k: [None if math.isinf(v) else v for v in vs] for k, vs in per_seed.items()},
                 "curves": {k: mean_curve(seeds, curve) for k, (_, curve) in CURVES.items()},
@@ -211,8 +217,15 @@ def summarise(
     effects = []
     for technique, with_row, without_row in comparisons:
         a, b = by_name[with_row]["per_seed"], by_name[without_row]["per_seed"]
-        paired = {key: paired_interval(a[key], b[key]) for key in PAIRED_KEYS}
+        paired = {key: paired_interval(a[key], b[key]) for key in PAIRED_KEYS + (("eval_acc",) if evals else ())}
         matched = matched_differences(results[with_row], results[without_row], train_batch_size, n)
         paired["val_acc_matched"] = interval(matched)
         effects.append({"technique": technique, "with": with_row, "without": without_row, "paired": paired})
-    return {"target": target, "start_acc": start_acc, "rows": out_rows, "effects": effects}
+    start_eval = evals["start"] if evals is not None else None
+    return {
+        "target": target,
+        "start_acc": start_acc,
+        "start_eval_acc": start_eval,
+        "rows": out_rows,
+        "effects": effects,
+    }

@@ -68,6 +68,7 @@ PRESETS = {
             "trainer.save_freq=5",
             "trainer.max_actor_ckpt_to_keep=1",
         ],
+        "eval_k": 4,  # final accuracy: each run's last checkpoint, 4 answers a problem (about 7 min a run)
     },
 }
 DEVICE_KEY = "embedded.device"  # the embedded engine's device knob (verl's trainer.device is unused by it)
@@ -86,6 +87,13 @@ ACCURACY_CHECKS = [
         "compute-matched: the row with the technique at the last validation within the other's generation",
     ),
 ]
+# with --eval-k: the final checkpoints' accuracy, K answers a held-out problem (figures' "eval_acc")
+EVAL_CHECK = (
+    "eval_acc",
+    +1,
+    "final accuracy, {k} answers a held-out problem",
+    "Table 1 (bench.experiments.paired_eval)",
+)
 MECHANISMS = {
     "overlong filtering": [("acc_drawdown", -1, "validation-accuracy drawdown", "Fig. 5: training is stabler")],
     "clip-higher": [("final_entropy", +1, "final entropy", "Fig. 2b: entropy does not collapse")],

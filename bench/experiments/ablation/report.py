@@ -24,6 +24,9 @@ def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[o
         "truncated",
         "paper (AIME avg@32)",
     ]
+    k = figures.get("eval_k") or 0
+    if k:  # the final checkpoints answering every held-out problem k times come first: the accuracy to read
+        headers[1:1] = [f"avg@{k} at the end (mean, {seeds} seed{'s' if seeds > 1 else ''})", "with less without"]
     # a row shows the effect of the technique it differs by: cumulative, the one it adds; leave-one-out, the one it
     # leaves out (full DAPO less this row)
     first = figures["rows"][0]["name"]
@@ -38,9 +41,13 @@ def table(figures: dict, seeds: int, steps: int) -> tuple[list[str], list[list[o
         diff = fmt_interval(effect["paired"]["val_acc"]) if effect else ""
         matched = fmt_interval(effect["paired"]["val_acc_matched"]) if effect else ""
         repeat = "-" if math.isnan(r["final_repeat"]) else f"{100 * r['final_repeat']:.1f}%"
+        evaluated = (
+            [f"{r['eval_acc_mean']:.3f}", fmt_interval(effect["paired"]["eval_acc"]) if effect else ""] if k else []
+        )
         body.append(
             [
                 r["name"],
+                *evaluated,
                 f"{r['val_acc_mean']:.3f} ± {r['val_acc_std']:.3f}",
                 diff,
                 matched,
@@ -140,7 +147,13 @@ def write_report(
         "",
         f"Command: `{command}`",
         "",
-        f"Start accuracy (step 0, held-out): {figures['start_acc']:.3f}. Target accuracy: {figures['target']:.3f}.",
+        f"Start accuracy (step 0, held-out): {figures['start_acc']:.3f}. Target accuracy: {figures['target']:.3f}."
+        + (
+            f" The start model answering every held-out problem {figures['eval_k']} times: "
+            f"{figures['start_eval_acc']:.3f} (avg@{figures['eval_k']}, as each run's last checkpoint)."
+            if figures.get("eval_k")
+            else ""
+        ),
         "",
         markdown_table(headers, body),
         "",

@@ -21,19 +21,51 @@ def compose_setting(overrides: list[str], config_name: str = CONFIG_NAME):
     return compose(overrides, config_name)
 
 
-def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> None:
-    """Build the task files and the warmed-up start model once, before the parallel runs (they all reuse it)."""
+def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> Path:
+    """Build the task files and the warmed-up start model once, before the parallel runs (they all reuse it); the
+    start model's folder."""
     import torch
 
     from recipe.embedded.config import read_config
 
     c = read_config(compose_setting(extra, config_name))
-    if c.model.path is None:
-        torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
-        cuda = c.embedded.device == "cuda" or (c.embedded.device == "auto" and torch.cuda.is_available())
-        c.tiny.model_dir(torch.device("cuda" if cuda else "cpu"))
-    elif c.data.train_files is None or c.data.val_files is None:
+    if c.data.train_files is None or c.data.val_files is None:
         c.tiny.task_dir()
+    if c.model.path is not None:
+        return Path(c.model.path)
+    torch.set_num_threads(c.embedded.num_threads or torch.get_num_threads())
+    cuda = c.embedded.device == "cuda" or (c.embedded.device == "auto" and torch.cuda.is_available())
+    return c.tiny.model_dir(torch.device("cuda" if cuda else "cpu"))
+
+
+def evaluate_runs(
+    plan: list[tuple[str, int, list[str], Path]],
+    steps: int,
+    k: int,
+    start_model: Path,
+    out: Path,
+    config_name: str,
+    extra: list[str],
+) -> dict:
+    """Final accuracy with ``k`` answers a held-out problem (:mod:`bench.experiments.paired_eval`: one validation
+    run of the model, every row's on the same problems and sampling settings): of each run's checkpoint at step
+    ``steps`` (``<run>/eval-k<k>/``, None where the run saved none there) and of the start model
+    (``<out>/start/eval-k<k>/``). Each answer file is reused by a later call with the same model, ``k`` and
+    overrides. ``{"start": accuracy, "rows": {row: [accuracy of seed 0, ...]}}``."""
+    import statistics
+
+    from bench.experiments.paired_eval import evaluate, per_problem
+
+    def accuracy(model: Path, where: Path) -> float:
+        return statistics.fmean(per_problem(evaluate(model, f"eval-k{k}", where, k, config_name, extra)).values())
+
+    rows: dict[str, list[float | None]] = {}
+    for name, seed, _, run_dir in plan:
+        actor = run_dir / f"global_step_{steps}" / "actor"
+        if not (actor / "config.json").is_file():
+            print(f"{name} / seed {seed}: no checkpoint at step {steps} ({actor}); not evaluated", flush=True)
+        rows.setdefault(name, []).append(accuracy(actor, run_dir) if (actor / "config.json").is_file() else None)
+    return {"start": accuracy(start_model, out / "start"), "rows": rows}
 
 
 def _finished(run_dir: Path) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from bench.common import mean_interval, t_quantile_975
-from bench.experiments.ablation.plan import ACCURACY_CHECKS, MECHANISMS, MIN_VERDICT_SEEDS
+from bench.experiments.ablation.plan import ACCURACY_CHECKS, EVAL_CHECK, MECHANISMS, MIN_VERDICT_SEEDS
 
 
 def interval(values: list[float | None]) -> dict:
@@ -57,7 +57,9 @@ def verdicts(figures: dict) -> list[dict]:
     rows = {row["name"]: row for row in figures["rows"]}
     for effect in figures["effects"]:
         paired = effect["paired"]
-        checks = [*ACCURACY_CHECKS, *MECHANISMS.get(effect["technique"], [])]
+        key, sign, what, why = EVAL_CHECK
+        evaluated = [(key, sign, what.format(k=figures.get("eval_k")), why)] if key in paired else []
+        checks = [*evaluated, *ACCURACY_CHECKS, *MECHANISMS.get(effect["technique"], [])]
         results = [
             {
                 "key": key,
