@@ -523,6 +523,7 @@ def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_da
     # checkpoint and the start model, k answers a problem, and pairs those accuracies like the rest
     assert ablation.main([*args, "--eval-k", "2"]) == 0
     assert "reusing 3 finished run(s)" in capsys.readouterr().out
+    report_one = (out / "report.md").read_text()
     figures = json.loads(figures_path.read_text())
     assert figures["eval_k"] == 2 and 0.0 <= figures["start_eval_acc"] <= 1.0
     rows = {r["name"]: r for r in figures["rows"]}
@@ -537,6 +538,19 @@ def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_da
     report = (out / "report.md").read_text()
     assert "| row | avg@2 at the end (mean, 1 seed) | with less without | val acc @ step 2" in report
     assert "final accuracy, 2 answers a held-out problem should rise" in report
+    # a plan of 2 seeds with seed 1 not run: --report-finished starts nothing and reports the finished seed alone
+    two_seeds = [*args, "--seeds", "2", "--eval-k", "2", "--report-finished"]
+    assert ablation.main(two_seeds) == 0
+    printed = capsys.readouterr().out
+    assert "3 rows x 2 seeds x 2 steps = 12 training steps (6 done)" in printed
+    assert "reporting seed(s) 0 of 2, finished in every row" in printed and "ok in" not in printed
+    assert not (out / "dapo" / "seed1").exists()
+    interim = json.loads(figures_path.read_text())
+    assert interim["seeds"] == 1 and interim["seeds_planned"] == 2 and interim["rows"] == figures["rows"]
+    interim_report = (out / "report.md").read_text()
+    assert "--seeds 2" in interim_report and "--report-finished" in interim_report  # its command says what it is
+    without_command = lambda text: [line for line in text.splitlines() if not line.startswith("Command:")]  # noqa: E731
+    assert without_command(interim_report) == without_command(report_one)
 
 
 @pytest.mark.slow

@@ -21,7 +21,14 @@ from bench.experiments.ablation.plan import (
     slug,
 )
 from bench.experiments.ablation.report import table, write_plots, write_report
-from bench.experiments.ablation.run import compose_setting, evaluate_runs, prepare_start_model, run_all, steps_done
+from bench.experiments.ablation.run import (
+    compose_setting,
+    evaluate_runs,
+    finished,
+    prepare_start_model,
+    run_all,
+    steps_done,
+)
 from bench.experiments.ablation.stats import verdict_lines, verdicts
 
 
@@ -71,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="final accuracy with K answers a held-out problem, each run's last checkpoint and the start model "
         "(bench.experiments.paired_eval; default: the preset's, 0 = the last one-sample validation only)",
+    )
+    p.add_argument(
+        "--report-finished",
+        action="store_true",
+        help="start no run: report over the seeds that every row has finished (a long plan's interim figures)",
     )
     p.add_argument("--fresh", action="store_true", help="delete earlier runs under --out instead of reusing them")
     p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
@@ -131,17 +143,26 @@ def main(argv: list[str] | None = None) -> int:
         f"steps ({done} done), {jobs} at a time, under {out}"
     )
     start_model = prepare_start_model(extra, config_name)
-    deadline = None if args.stop_after is None else args.stop_after * 60
-    failures, unfinished = run_all(plan, jobs, config_name, deadline)
-    if failures:
-        print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
-        return 1
-    if unfinished:
-        print(
-            f"ablation: stopped after {args.stop_after:g} min with {unfinished} of {len(plan)} runs to go; the same "
-            "command continues (finished runs are reused, an interrupted one resumes from its checkpoint)"
-        )
-        return 0
+    planned = seeds
+    if args.report_finished:  # the seeds finished in every row; the rest of the plan is left as it is
+        finished_seeds = [s for s in range(seeds) if all(finished(d) for _, seed, _, d in plan if seed == s)]
+        if not finished_seeds:
+            print("ablation: no seed is finished in every row yet; nothing to report")
+            return 0
+        print(f"ablation: reporting seed(s) {', '.join(map(str, finished_seeds))} of {seeds}, finished in every row")
+        plan = [p for p in plan if p[1] in finished_seeds]
+    else:
+        deadline = None if args.stop_after is None else args.stop_after * 60
+        failures, unfinished = run_all(plan, jobs, config_name, deadline)
+        if failures:
+            print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
+            return 1
+        if unfinished:
+            print(
+                f"ablation: stopped after {args.stop_after:g} min with {unfinished} of {len(plan)} runs to go; the "
+                "same command continues (finished runs are reused, an interrupted one resumes from its checkpoint)"
+            )
+            return 0
 
     results = {name: [] for name, _ in table_rows}
     for name, _, _, run_dir in plan:
@@ -154,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "design": design,
         "eval_k": eval_k,
     }
+    seeds = len({seed for _, seed, _, _ in plan})  # all planned, or those reported by --report-finished
     headers, body = table(figures, seeds, steps)
     verdict_list = verdicts(figures)
     evaluated = f" (avg@{eval_k}: {figures['start_eval_acc']:.3f})" if eval_k else ""
@@ -169,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             *([f"--techniques {args.techniques}"] if args.techniques else []),
             *(["--quick"] if args.quick else []),
             *([f"--device {args.device}"] if args.device else []),
-            *([f"--seeds {seeds}"] if args.seeds else []),
+            *([f"--seeds {planned}"] if args.seeds else []),
+            *(["--report-finished"] if args.report_finished else []),
             *([f"--eval-k {args.eval_k}"] if args.eval_k is not None else []),
             *args.overrides,
         ]
@@ -178,7 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {report}")
     write_json(
         args.json,
-        {**figures, "verdicts": verdict_list, "seeds": seeds, "steps": steps, "command": command.strip()},
+        {
+            **figures,
+            "verdicts": verdict_list,
+            "seeds": seeds,
+            "seeds_planned": planned,
+            "steps": steps,
+            "command": command.strip(),
+        },
     )
     return 0
 

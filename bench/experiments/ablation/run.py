@@ -68,7 +68,8 @@ def evaluate_runs(
     return {"start": accuracy(start_model, out / "start"), "rows": rows}
 
 
-def _finished(run_dir: Path) -> bool:
+def finished(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` ended (its ``ablation_done.json``)."""
     return (run_dir / "ablation_done.json").is_file()
 
 
@@ -94,7 +95,7 @@ def run_one(
 
 def steps_done(run_dir: Path, steps: int) -> int:
     """Training steps a run of the plan has behind it: all of them when finished, else its latest checkpoint's."""
-    if _finished(run_dir):
+    if finished(run_dir):
         return steps
     from recipe.embedded.checkpoint import TRACKER
 
@@ -110,7 +111,7 @@ def run_all(
 ) -> tuple[list[str], int]:
     """Run every unfinished (row, seed) of ``plan``, ``jobs`` at a time, starting none once ``deadline_s`` seconds
     have passed; return the failures' descriptions and the count of runs left unstarted."""
-    todo = [p for p in plan if not _finished(p[3])]
+    todo = [p for p in plan if not finished(p[3])]
     if len(todo) < len(plan):
         print(f"reusing {len(plan) - len(todo)} finished run(s) under {plan[0][3].parents[1]}")
     failures, start, skipped = [], time.perf_counter(), []
