@@ -207,7 +207,7 @@ def summarise(
                 "truncated_frac": _fmean(per_seed["truncated_frac"]),
                 "acc_drawdown": _fmean(per_seed["acc_drawdown"]),
                 "generated_responses": _fmean(per_seed["generated_responses"]),
-                "eval_acc_mean": _fmean(v for v in evals["rows"][name] if v is not None) if evals else None,
+                "eval_acc_mean": None if evals is None else _fmean(v for v in evals["rows"][name] if v is not None),
                 "paper_aime_avg32": (paper or {}).get(name),
                 "per_seed": {k: [None if math.isinf(v) else v for v in vs] for k, vs in per_seed.items()},
                 "curves": {k: mean_curve(seeds, curve) for k, (_, curve) in CURVES.items()},
@@ -217,7 +217,9 @@ def summarise(
     effects = []
     for technique, with_row, without_row in comparisons:
         a, b = by_name[with_row]["per_seed"], by_name[without_row]["per_seed"]
-        paired = {key: paired_interval(a[key], b[key]) for key in PAIRED_KEYS + (("eval_acc",) if evals else ())}
+        paired = {
+            key: paired_interval(a[key], b[key]) for key in PAIRED_KEYS + (() if evals is None else ("eval_acc",))
+        }
         matched = matched_differences(results[with_row], results[without_row], train_batch_size, n)
         paired["val_acc_matched"] = interval(matched)
         effects.append({"technique": technique, "with": with_row, "without": without_row, "paired": paired})

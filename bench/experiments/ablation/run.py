@@ -62,9 +62,10 @@ def evaluate_runs(
     rows: dict[str, list[float | None]] = {}
     for name, seed, _, run_dir in plan:
         actor = run_dir / f"global_step_{steps}" / "actor"
-        if not (actor / "config.json").is_file():
+        saved = (actor / "config.json").is_file()
+        if not saved:
             print(f"{name} / seed {seed}: no checkpoint at step {steps} ({actor}); not evaluated", flush=True)
-        rows.setdefault(name, []).append(accuracy(actor, run_dir) if (actor / "config.json").is_file() else None)
+        rows.setdefault(name, []).append(accuracy(actor, run_dir) if saved else None)
     return {"start": accuracy(start_model, out / "start"), "rows": rows}
 
 
