@@ -116,8 +116,9 @@ def run_identity(cfg: DictConfig) -> dict:
     model = get(MODEL_KEY)
     local = model and os.path.exists(os.path.expanduser(str(model)))
     identity: dict = {MODEL_KEY: _local_path(str(model)) if local else model}
-    if local and os.path.realpath(identity[MODEL_KEY]) != identity[MODEL_KEY]:  # a link, repointed by a rebuild
-        identity[MODEL_TARGET] = os.path.realpath(identity[MODEL_KEY])  # (the verl CPU run's <cache_dir>/verl-cpu)
+    target = os.path.realpath(identity[MODEL_KEY]) if local else None
+    if target and target != identity[MODEL_KEY]:  # a link, repointed by a rebuild (the verl CPU run's <cache_dir>)
+        identity[MODEL_TARGET] = target
     if model is None:  # the tiny model: its build settings are what it is
         identity.update({key: get(key) for key in TINY_MODEL_KEYS})
     for key in DATA_KEYS:
