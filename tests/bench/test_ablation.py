@@ -99,6 +99,7 @@ def run_records(val: dict[int, float], entropy: float, length: float, generated_
             "response_length/mean": length,
             "dapo/generated_prompts": generated_prompts,
             "dapo/overlong_frac": 0.25,
+            "timing_s/step": 90.0 * generated_prompts,
         }
         if step in val:
             r["val-core/synthetic_addition/acc/mean@4"] = val[step]
@@ -133,6 +134,10 @@ def test_summary_figures_by_hand():
     assert rows[names[2]]["steps_to_target"] is None and rows[names[2]]["seeds_reaching_target"] == 0
     assert rows[names[3]]["steps_to_target"] is None  # one seed of two never reaches: the median is never
     assert rows[names[5]]["seeds_reaching_target"] == 1
+    # compute: each run's step times summed (4 steps of 90 s a prompt): slow/never 4 x 360 s, fast 4 x 720 s
+    assert first["per_seed"]["step_seconds"] == [1440.0, 2880.0]
+    runs = [r for seeds in results.values() for r in seeds]
+    assert figures["step_hours"] == pytest.approx(sum(2880.0 if r is fast else 1440.0 for r in runs) / 3600)
     assert [r["paper_aime_avg32"] for r in figures["rows"]] == [30, 36, 38, 41, 42, 50]
     # the default target: start 0.2 + 0.8 x (best mean final 0.6 - 0.2) = 0.52, reached only by fast, at step 4
     default = ablation.summarise(results, target=None, train_batch_size=4, n=2, comparisons=cumulative)

@@ -164,6 +164,7 @@ def summarise(
                 "truncated_frac",
                 "acc_drawdown",
                 "generated_responses",
+                "step_seconds",
             )
         }
         for records in seeds:
@@ -187,6 +188,8 @@ def summarise(
             per_seed["truncated_frac"].append(_fmean(r.get("dapo/overlong_frac", 0.0) for r in train))
             per_seed["acc_drawdown"].append(_drawdown(val_curve(records)))
             per_seed["generated_responses"].append(sum(responses_generated(r, train_batch_size, n) for r in train))
+            # each step's own time: a resumed run's replayed steps count once, a run that shared the cores counts long
+            per_seed["step_seconds"].append(sum(r.get("timing_s/step", 0.0) for r in train))
         accs = finals[name]
         per_seed["val_acc"] = accs
         if evals is not None:
@@ -225,6 +228,7 @@ def summarise(
         effects.append({"technique": technique, "with": with_row, "without": without_row, "paired": paired})
     start_eval = evals["start"] if evals is not None else None
     return {
+        "step_hours": sum(s for row in out_rows for s in row["per_seed"]["step_seconds"]) / 3600,
         "target": target,
         "start_acc": start_acc,
         "start_eval_acc": start_eval,

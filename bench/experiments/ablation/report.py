@@ -161,6 +161,8 @@ def write_report(
         "its 95% t-interval; same responses generated: each row's accuracy at its last validation within the "
         "responses the cheaper row generated in all.",
         "Final entropy, length and repetition: the last 5 steps; truncated: over all steps.",
+        f"Compute: {figures['step_hours']:.1f} h of training steps in all (the runs' `timing_s/step` summed; "
+        "validations, evaluations and model loads not counted).",
         "",
     ]
     if verdict_list:
