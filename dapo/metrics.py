@@ -30,6 +30,10 @@ METRIC_DOCS: dict[str, str] = {
     "dapo/entropy/logp_adv_cov": "covariance over the trained tokens of a token's log-probability (the sampling "
     "policy's) and its advantage (Cui et al. 2025): positive drives the entropy down (likely tokens rewarded), "
     "negative up; a persistently large positive value precedes entropy collapse",
+    "dapo/adv/constant_acc_share": "share of the update's advantage mass (|advantage| summed over the trained tokens) "
+    "in groups whose responses all have the same accuracy: 0 with dynamic sampling on accuracy (those groups are "
+    "dropped); without it, the push of the reward's other terms (the soft overlong punishment), which the division "
+    "by the group's std (norm_adv_by_std_in_grpo) scales to full size whatever the answers' correctness",
     "dapo/entropy/clipped_high": "mean entropy of the tokens the high clip bound acts on (A>0, ratio above "
     "1+clip_ratio_high), over the step's updates; NaN when none: the exploratory tokens Clip-Higher lets grow further "
     "than a symmetric clip would",
@@ -237,6 +241,29 @@ def logprob_advantage_covariance(
     lp, adv = log_prob.to(torch.float64), advantages.to(torch.float64)
     lp_mean, adv_mean = (lp * m).sum() / count, (adv * m).sum() / count
     return float((((lp - lp_mean) * (adv - adv_mean)) * m).sum() / count)
+
+
+def constant_accuracy_share(
+    advantages: torch.Tensor,  # [N, T]
+    mask: torch.Tensor,  # [N, T] the trained tokens
+    acc: torch.Tensor,  # [N] each response's accuracy
+    groups: torch.Tensor,  # [N] each response's group (prompt) id
+) -> float:
+    """``dapo/adv/constant_acc_share``: the share of ``sum |A|`` over the trained tokens that falls in groups whose
+    accuracy is the same for every response. There the advantages come from the reward's other terms alone (the soft
+    overlong punishment), normalised by the group's std like an accuracy spread. NaN when no trained token has an
+    advantage."""
+    weight = (advantages.to(torch.float64).abs() * mask.to(torch.float64)).sum(-1)  # [N]
+    total = weight.sum()
+    if total == 0:
+        return math.nan
+    _, group = torch.unique(groups, return_inverse=True)  # [N] 0..K-1
+    a = acc.to(torch.float64)
+    low = torch.full((int(group.max()) + 1,), math.inf, dtype=torch.float64, device=a.device)
+    low = low.scatter_reduce(0, group, a, "amin")
+    high = torch.full_like(low, -math.inf).scatter_reduce(0, group, a, "amax")
+    constant = (low == high)[group]  # [N]
+    return float(weight[constant].sum() / total)
 
 
 def clipped_token_entropy(

@@ -301,10 +301,7 @@ class DAPOReplayBuffer(_Watched, ReplayBuffer):
         wanted = set(uids)
         keys = [key for key in self.partitions[partition_id] if key.split("_")[0] in wanted]
         data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields"])
-        infos = []
-        for value in data["extra_fields"]:
-            fields = getattr(value, "data", value)
-            infos.append(dict(fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}))
+        infos = [reward_extra_info(value) for value in data["extra_fields"]]
         metric = self.settings.filter.metric
         missing = sorted({key.split("_")[0] for key, info in zip(keys, infos) if metric not in info})
         if missing:
@@ -316,6 +313,13 @@ class DAPOReplayBuffer(_Watched, ReplayBuffer):
         acc, positions = group_metric_matrix(keys, [info[metric] for info in infos], uids)
         final_infos = [infos[p] for uid in uids for p in positions[uid]]
         return acc, final_infos
+
+
+def reward_extra_info(extra_fields) -> dict:
+    """A trajectory's ``extra_fields`` as the TransferQueue returns it (a dict, or ``NonTensorData`` around one) ->
+    the reward manager's ``reward_extra_info`` (empty when absent)."""
+    fields = getattr(extra_fields, "data", extra_fields)
+    return dict(fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {})
 
 
 class _StepRecord:

@@ -48,10 +48,11 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
 from dapo.loss import overlong_filter_mask, truncated_responses
-from dapo.metrics import EntropyWatch, logprob_advantage_covariance, repeat_ngram_frac
+from dapo.metrics import EntropyWatch, constant_accuracy_share, logprob_advantage_covariance, repeat_ngram_frac
 from dapo.settings import EntropyWatchSettings, OverlongSettings, eos_token_ids, select
 from recipe.dapo import watchdog
 from recipe.dapo.policy_loss import LossWithClipEntropy, clip_entropy_metrics
+from recipe.dapo.sampler import reward_extra_info
 from recipe.dapo.sampler_state import load_sampler_state, save_sampler_state
 from recipe.dapo.verl_patches import accept_flush_in_separate_async_log
 from recipe.dapo.weight_sync import weight_sync_metrics
@@ -108,19 +109,29 @@ def apply_overlong_filter(
     return {"dapo/overlong_frac": num_truncated / num_real if num_real else 0.0, "dapo/loss_tokens": loss_tokens}
 
 
-def covariance_metrics(batch: KVBatchMeta) -> dict[str, float]:
-    """``dapo/entropy/logp_adv_cov`` of the batch's real responses, read from the TransferQueue: the covariance of the
-    old log-probs and the advantages over the trained tokens (``dapo.metrics.logprob_advantage_covariance``, the
-    embedded engine's metric)."""
+def advantage_metrics(batch: KVBatchMeta) -> dict[str, float]:
+    """The embedded engine's diagnostics of the advantages over the trained tokens, from the batch's real responses in
+    the TransferQueue: ``dapo/entropy/logp_adv_cov`` (the covariance of the old log-probs and the advantages,
+    ``dapo.metrics.logprob_advantage_covariance``) and, where the reward manager returns ``acc``,
+    ``dapo/adv/constant_acc_share`` (``dapo.metrics.constant_accuracy_share``, a group being a prompt ``uid``: the
+    first part of a trajectory key ``{uid}_{session}_{index}``)."""
     keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
     if not keys:
         return {}
     fields = ["old_log_probs", "advantages", "response_mask"]
-    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=[*fields, "extra_fields"])
     old, adv, mask = (  # [N, T] each
         data[name].to_padded_tensor(padding=0) if data[name].is_nested else data[name] for name in fields
     )
-    return {"dapo/entropy/logp_adv_cov": logprob_advantage_covariance(old, adv, mask)}
+    metrics = {"dapo/entropy/logp_adv_cov": logprob_advantage_covariance(old, adv, mask)}
+    acc = [reward_extra_info(value).get("acc") for value in data["extra_fields"]]
+    if all(a is not None for a in acc):
+        uids = {uid: i for i, uid in enumerate(dict.fromkeys(key.split("_")[0] for key in keys))}
+        groups = torch.tensor([uids[key.split("_")[0]] for key in keys])
+        metrics["dapo/adv/constant_acc_share"] = constant_accuracy_share(
+            adv, mask, torch.tensor([float(a) for a in acc]), groups
+        )
+    return metrics
 
 
 def repeat_metrics(batch: KVBatchMeta) -> dict[str, float]:
@@ -220,7 +231,7 @@ class DAPOStages:
                 enable=self.overlong.filter,
             )
         )
-        metrics.update(covariance_metrics(batch))  # of the tokens this update trains (truncated ones masked out)
+        metrics.update(advantage_metrics(batch))  # of the tokens this update trains (truncated ones masked out)
         watchdog.beat("actor update")
         batch = super()._update_actor(batch, metrics)
         watchdog.beat("after the actor update")

@@ -63,6 +63,7 @@ from dapo.metrics import (
     EntropyWatch,
     clipped_entropy_metrics,
     clipped_token_entropy,
+    constant_accuracy_share,
     logprob_advantage_covariance,
     mean_metrics,
     repeat_ngram_frac,
@@ -382,6 +383,10 @@ class EmbeddedTrainer:
             batch = self._compute_loss_mask(batch, metrics)
             metrics["dapo/entropy/logp_adv_cov"] = logprob_advantage_covariance(
                 batch.old_log_prob, batch.advantages, batch.loss_mask
+            )
+            groups = torch.arange(batch.acc.shape[0], device=batch.acc.device) // self.c.rollout.n  # G rows a prompt
+            metrics["dapo/adv/constant_acc_share"] = constant_accuracy_share(
+                batch.advantages, batch.loss_mask, batch.acc, groups
             )
             # 4. [DAPO 1, 3] the policy update: decoupled clip, token-level loss
             metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]

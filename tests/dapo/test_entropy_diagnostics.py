@@ -13,6 +13,7 @@ from dapo.metrics import (
     EntropyWatch,
     clipped_entropy_metrics,
     clipped_token_entropy,
+    constant_accuracy_share,
     logprob_advantage_covariance,
 )
 
@@ -26,6 +27,21 @@ def test_the_covariance_on_a_hand_worked_batch():
     assert logprob_advantage_covariance(log_prob, advantages, mask) == pytest.approx(1.0, abs=1e-12)
     assert logprob_advantage_covariance(log_prob, -advantages, mask) == pytest.approx(-1.0, abs=1e-12)
     assert math.isnan(logprob_advantage_covariance(log_prob, advantages, torch.zeros_like(mask)))
+
+
+def test_the_share_of_the_advantages_in_groups_of_constant_accuracy():
+    # three groups of 2 responses, in any row order: a mixed one (advantages +-1 over 2 and 1 trained tokens), an
+    # all-wrong one pushed by the soft punishment alone (+-0.5 over 2 tokens each), an all-right one with no spread
+    advantages = torch.tensor(
+        [[1.0, 1.0, 0.0], [0.5, 0.5, 0.0], [-1.0, 0.0, 0.0], [-0.5, -0.5, 9.0], [0.0] * 3, [0.0] * 3]
+    )
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]])  # the 9.0 is not trained
+    acc = torch.tensor([1, 0, 0, 0, 1, 1])
+    groups = torch.tensor([7, 3, 7, 3, 5, 5])
+    # |A| summed: mixed 2 + 1 = 3, all-wrong 1 + 1 = 2: 2 of 5
+    assert constant_accuracy_share(advantages, mask, acc, groups) == pytest.approx(0.4, abs=1e-12)
+    assert constant_accuracy_share(advantages, mask, torch.tensor([1, 0, 0, 1, 1, 1]), groups) == 0.0  # all mixed
+    assert math.isnan(constant_accuracy_share(advantages, torch.zeros_like(mask), acc, groups))
 
 
 @pytest.mark.parametrize("direction", [1.0, -1.0], ids=["likely_rewarded", "unlikely_rewarded"])

@@ -154,9 +154,17 @@ def test_the_entropy_collapse_warning_follows_the_logged_entropy(tiny_run, tmp_p
         assert cli.main(tiny_run(run_dir, extra)) == 0
         out = capsys.readouterr().out
         records = [r for r in read_metrics(run_dir) if "actor/entropy" in r]
-        assert {"dapo/entropy/logp_adv_cov", "dapo/entropy/clipped_high", "dapo/entropy/clipped_low"} <= set(
-            records[-1]
-        )
+        assert {
+            "dapo/entropy/logp_adv_cov",
+            "dapo/entropy/clipped_high",
+            "dapo/entropy/clipped_low",
+            "dapo/adv/constant_acc_share",
+        } <= set(records[-1])
+        shares = [r["dapo/adv/constant_acc_share"] for r in records]
+        if extra.get("algorithm.filter_groups.enable", True):  # dynamic sampling on accuracy keeps no constant group
+            assert all(share == 0.0 for share in shares), shares
+        else:
+            assert all(share is None or 0.0 <= share <= 1.0 for share in shares), shares
         return out, records
 
     common = {"trainer.total_training_steps": 15, "trainer.test_freq": -1, "trainer.val_before_train": False}

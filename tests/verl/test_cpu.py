@@ -229,6 +229,7 @@ def test_trains_with_dapo_metrics_and_sane_values(healthy_run):
         "critic/score/mean",
         "response/repeat_ngram_frac",
         "dapo/entropy/logp_adv_cov",  # from the actor's update (recipe/dapo/trainer.py)
+        "dapo/adv/constant_acc_share",  # the same, from the reward manager's acc
         "dapo/entropy/clipped_high",  # from the actor's loss, set through set_loss_fn (recipe/dapo/policy_loss.py)
         "dapo/entropy/clipped_low",
     ]

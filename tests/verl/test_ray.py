@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from types import SimpleNamespace
@@ -28,7 +29,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 from dapo.settings import OverlongSettings, eos_token_ids  # noqa: E402
 from recipe.dapo.sampler import DAPOReplayBuffer  # noqa: E402
-from recipe.dapo.trainer import DAPOTrainer, apply_overlong_filter  # noqa: E402
+from recipe.dapo.trainer import DAPOTrainer, advantage_metrics, apply_overlong_filter  # noqa: E402
 from tests.conftest import local_ray  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -259,15 +260,22 @@ def test_validation_partition_uses_verls_sampling(transfer_queue):
 # --------------------------------------------------------------------------- the DAPO trainer's overlong filter
 
 
-def put_batch(lengths, eos_at_end, *, padding=(), length_tags=True):
+def put_batch(lengths, eos_at_end, *, padding=(), length_tags=True, groups=None, acc=None, advantages=None):
     """Trajectories of the given lengths; ``eos_at_end[i]`` puts EOS (id 1) as response i's last token. Tags carry
-    ``response_len`` as verl's agent loop writes them (``length_tags``); rows in ``padding`` are verl's padding."""
+    ``response_len`` as verl's agent loop writes them (``length_tags``); rows in ``padding`` are verl's padding.
+    ``groups[i]``: response i's prompt (responses of one prompt share its uid; each its own by default); ``acc[i]``:
+    its accuracy in ``extra_fields.reward_extra_info`` as the reward manager writes it (right by default);
+    ``advantages[i]``: its advantage (+1 / -1 alternating by default)."""
+    uids = [str(uuid.uuid4()) for _ in lengths]
+    groups = list(range(len(lengths))) if groups is None else groups
+    acc = [True] * len(lengths) if acc is None else acc
     keys, fields, tags = [], [], []
     for i, (length, eos) in enumerate(zip(lengths, eos_at_end)):
         response = torch.full((length,), 7)
         if eos:
             response[-1] = 1
-        keys.append(f"{uuid.uuid4()}_0_0")
+        keys.append(f"{uids[groups[i]]}_{groups[:i].count(groups[i])}_0")
+        advantage = (1.0 if i % 2 == 0 else -1.0) if advantages is None else advantages[i]
         fields.append(
             {
                 "responses": response,
@@ -275,7 +283,8 @@ def put_batch(lengths, eos_at_end, *, padding=(), length_tags=True):
                 "loss_mask": torch.ones(length, dtype=torch.long),
                 # what the update reads besides: response i's tokens at log-prob -0.5 (i + 1), advantage +1 / -1
                 "old_log_probs": torch.full((length,), -0.5 * (i + 1)),
-                "advantages": torch.full((length,), 1.0 if i % 2 == 0 else -1.0),
+                "advantages": torch.full((length,), advantage),
+                "extra_fields": {"reward_extra_info": {"acc": acc[i]}},
             }
         )
         tags.append(
@@ -306,6 +315,24 @@ def test_overlong_filter_zeroes_truncated_masks(transfer_queue, length_tags):
     assert metrics == {"dapo/overlong_frac": 0.25, "dapo/loss_tokens": 0 + 5 + 3 + 2}
     response_masks, loss_masks = masks(batch)
     assert response_masks == loss_masks == [[0] * 5, [1] * 5, [1] * 3, [1] * 2, [1] * 5]
+    clear_partition()
+
+
+def test_the_share_of_the_advantages_in_groups_of_constant_accuracy(transfer_queue):
+    """``dapo/adv/constant_acc_share`` from the update batch in the TransferQueue: a mixed group (right / wrong,
+    advantages +1 / -1) and an all-wrong one whose advantages (+0.5 / -0.5) come from the soft punishment alone,
+    4 trained tokens each: (0.5 + 0.5) x 4 of (1 + 1 + 0.5 + 0.5) x 4 = 1/3 of the advantage mass."""
+    clear_partition()
+    batch = put_batch(
+        [4, 4, 4, 4],
+        [True] * 4,
+        groups=[0, 0, 1, 1],
+        acc=[True, False, False, False],
+        advantages=[1.0, -1.0, 0.5, -0.5],
+    )
+    metrics = advantage_metrics(batch)
+    assert metrics["dapo/adv/constant_acc_share"] == pytest.approx(1 / 3)
+    assert math.isfinite(metrics["dapo/entropy/logp_adv_cov"])
     clear_partition()
 
 
