@@ -55,11 +55,19 @@ def resolve_model(directory: Path, label: str, out: Path) -> Path:
     )
 
 
+def model_name(model: Path, out: Path) -> str:
+    """The model as an answer file's identity names it: its path relative to ``out`` when it lies inside (a run's
+    checkpoint, so that answers kept with the run are reused from another checkout of it), else its resolved path."""
+    model, out = Path(model).resolve(), Path(out).resolve()
+    return str(model.relative_to(out)) if model.is_relative_to(out) else str(model)
+
+
 def evaluate(model: Path, label: str, out: Path, k: int, config_name: str, overrides: list[str]) -> Path:
     """``<out>/<label>/0.jsonl``: every validation problem answered ``k`` times by ``model`` (reused when the
-    model, ``k`` and the overrides are those of the call that wrote it)."""
+    model, ``k`` and the overrides are those of the call that wrote it, :func:`model_name`; the model need not be
+    there any more)."""
     responses = out / label / "0.jsonl"
-    identity = {"model": str(Path(model).resolve()), "k": k, "config_name": config_name, "overrides": overrides}
+    identity = {"model": model_name(model, out), "k": k, "config_name": config_name, "overrides": overrides}
     stamp = out / label / "identity.json"
     if responses.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == identity:
         print(f"{label}: reusing {responses}", flush=True)

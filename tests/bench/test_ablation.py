@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 from omegaconf import OmegaConf
@@ -505,7 +506,13 @@ def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_da
     assert "stopped after 0 min with 3 of 3 runs to go; the same command continues" in printed
     assert not (out / "report.md").exists() and not figures_path.exists()
 
-    assert ablation.main(args) == 0
+    # with --eval-k, each run's last checkpoint answers as soon as the run ends, before the next is counted done
+    assert ablation.main([*args, "--eval-k", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("eval-k2: ") < printed.index("[1/3]")
+    # 4 models answered (3 runs, the start model); the report reuses the runs' answers
+    assert printed.count("eval-k2: ") - printed.count("eval-k2: reusing") == 4
+    assert printed.count("eval-k2: reusing") == 3
     figures = json.loads(figures_path.read_text())
     assert figures["design"] == "leave-one-out"
     assert [r["name"] for r in figures["rows"]] == ["DAPO", "without clip-higher", "without dynamic sampling"]
@@ -524,10 +531,11 @@ def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_da
     for name in ("fig2b_clip_higher", "fig6_dynamic_sampling", "accuracy_vs_responses"):
         assert f"plots/{name}.png" in report
     assert "fig4_token_level_loss" not in report  # not compared in this plan
-    # the finished runs are reused: the same command trains nothing more; --eval-k evaluates each run's last
-    # checkpoint and the start model, k answers a problem, and pairs those accuracies like the rest
+    # the finished runs are reused: the same command trains and answers nothing more; the accuracies of each run's
+    # last checkpoint and the start model, k answers a problem, are paired like the rest
     assert ablation.main([*args, "--eval-k", "2"]) == 0
-    assert "reusing 3 finished run(s)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "reusing 3 finished run(s)" in printed and printed.count("eval-k2: reusing") == 4
     report_one = (out / "report.md").read_text()
     figures = json.loads(figures_path.read_text())
     assert figures["eval_k"] == 2 and 0.0 <= figures["start_eval_acc"] <= 1.0
@@ -556,6 +564,19 @@ def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_da
     assert "--seeds 2" in interim_report and "--report-finished" in interim_report  # its command says what it is
     without_command = lambda text: [line for line in text.splitlines() if not line.startswith("Command:")]  # noqa: E731
     assert without_command(interim_report) == without_command(report_one)
+
+    # the records alone are the runs: another checkout holding them without the checkpoints reports the same
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(out, moved, ignore=shutil.ignore_patterns("global_step_*"))
+    moved_args = [*args, "--eval-k", "2", "--out", str(moved), "--json", str(tmp_path / "moved.json")]
+    assert ablation.main(moved_args) == 0
+    assert "not evaluated" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "moved.json").read_text())["rows"] == figures["rows"]
+    # runs that another start model began are not added to: the weights differ from those recorded
+    record = moved / "start_model.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "sha256": "0" * 64}))
+    with pytest.raises(SystemExit, match="started from other weights than .* --fresh"):
+        ablation.main(moved_args)
 
 
 @pytest.mark.slow

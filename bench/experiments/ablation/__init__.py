@@ -32,7 +32,12 @@ steps for accuracy, entropy, response length, repetition and truncation; and the
 (``PAPER_FIGURES``), two rows side by side: Fig. 2b entropy without / with Clip-Higher, Fig. 4 length, entropy and
 repetition with sample- / token-level loss, Fig. 5 accuracy and entropy without / with overlong filtering, Fig. 6
 accuracy without / with dynamic sampling against steps and against responses generated. Finished runs are kept:
-running the command again reuses them and resumes an interrupted one from its last checkpoint.
+running the command again reuses them and resumes an interrupted one from its last checkpoint. With ``--eval-k``
+each run is evaluated as soon as it ends, its answers kept in the run's folder (``eval-k<K>/``), so a finished run
+needs its checkpoint no longer: the records alone (``metrics.jsonl``, ``ablation_done.json``, the answers) are
+the run, and a plan can go on in another checkout that holds them (the smollm2 preset's are committed, under
+``bench/results/ablation-smollm2/``, checkpoints left out). ``start_model.json`` records the start model's weights
+(sha256); a later call whose start model differs is refused, since its runs would not pair with the earlier ones.
 
 Figures, per row, over seeds (seeds are paired: seed s of every row starts from the same model and reads the same
 prompt order with the same sampling seed):
@@ -75,8 +80,9 @@ CPUs, one torch thread each (docs/ablation.md: 49 minutes on 2 cores, plus a one
 of the start model when it is not cached); ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4 steps;
 ``--device cuda`` sets ``embedded.device=cuda`` and, unless ``--quick``, the larger "cuda" preset; ``--preset
 smollm2`` is the real model (``configs/embedded_smollm2.yaml``, ``make model``), leave-one-out of clip-higher, the
-token-level loss and dynamic sampling, 3 seeds x 40 steps of 8 prompts x 8, one run at a time, the final
-checkpoints evaluated with 4 answers a problem (docs/ablation.md).
+token-level loss and dynamic sampling, 3 seeds x 40 steps of 8 prompts x 8, a run a core with one thread each (as
+many at a time as memory holds, 8 GiB a run), the final checkpoints evaluated with 4 answers a problem
+(docs/ablation.md).
 ``key=value`` overrides (verl's names) apply to every run, after the preset's and the row's own.
 """
 

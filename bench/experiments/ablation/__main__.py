@@ -22,7 +22,9 @@ from bench.experiments.ablation.plan import (
 )
 from bench.experiments.ablation.report import table, write_plots, write_report
 from bench.experiments.ablation.run import (
+    check_start_model,
     compose_setting,
+    evaluate_run,
     evaluate_runs,
     finished,
     prepare_start_model,
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         f"steps ({done} done), {jobs} at a time, under {out}"
     )
     start_model = prepare_start_model(extra, config_name)
+    check_start_model(out, start_model)
+    eval_k = preset.get("eval_k", 0) if args.eval_k is None else args.eval_k
     planned = seeds
     if args.report_finished:  # the seeds finished in every row; the rest of the plan is left as it is
         finished_seeds = [s for s in range(seeds) if all(finished(d) for _, seed, _, d in plan if seed == s)]
@@ -153,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         plan = [p for p in plan if p[1] in finished_seeds]
     else:
         deadline = None if args.stop_after is None else args.stop_after * 60
-        failures, unfinished = run_all(plan, jobs, config_name, deadline)
+
+        def evaluate_now(run_dir):  # while its checkpoint is there: the answers stay with the run's records
+            return evaluate_run(run_dir, steps, eval_k, config_name, extra) if eval_k > 0 else None
+
+        failures, unfinished = run_all(plan, jobs, config_name, deadline, evaluate_now)
         if failures:
             print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
             return 1
@@ -167,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     results = {name: [] for name, _ in table_rows}
     for name, _, _, run_dir in plan:
         results[name].append(run_records(run_dir))
-    eval_k = preset.get("eval_k", 0) if args.eval_k is None else args.eval_k
     evals = evaluate_runs(plan, steps, eval_k, start_model, out, config_name, extra) if eval_k > 0 else None
     paper = dict(zip(results, PAPER_AIME)) if design == "cumulative" else None
     figures = {

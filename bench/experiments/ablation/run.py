@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -38,6 +40,21 @@ def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> Pat
     return c.tiny.model_dir(torch.device("cuda" if cuda else "cpu"))
 
 
+def answers(run_dir: Path, k: int) -> Path:
+    """The answer file of a run's final checkpoint at ``k`` answers a problem (``<run>/eval-k<k>/0.jsonl``)."""
+    return run_dir / f"eval-k{k}" / "0.jsonl"
+
+
+def evaluate_run(run_dir: Path, steps: int, k: int, config_name: str, extra: list[str]) -> float | None:
+    """The run's checkpoint at step ``steps`` answering every held-out problem ``k`` times
+    (:mod:`bench.experiments.paired_eval`, one validation run of the model): its mean accuracy, from the answers
+    kept in the run's folder where they are (the checkpoint may be gone then), None where neither is there."""
+    actor = run_dir / f"global_step_{steps}" / "actor"
+    if not (actor / "config.json").is_file() and not answers(run_dir, k).is_file():
+        return None
+    return evaluate_run_model(actor, run_dir, k, config_name, extra)
+
+
 def evaluate_runs(
     plan: list[tuple[str, int, list[str], Path]],
     steps: int,
@@ -47,26 +64,60 @@ def evaluate_runs(
     config_name: str,
     extra: list[str],
 ) -> dict:
-    """Final accuracy with ``k`` answers a held-out problem (:mod:`bench.experiments.paired_eval`: one validation
-    run of the model, every row's on the same problems and sampling settings): of each run's checkpoint at step
-    ``steps`` (``<run>/eval-k<k>/``, None where the run saved none there) and of the start model
-    (``<out>/start/eval-k<k>/``). Each answer file is reused by a later call with the same model, ``k`` and
-    overrides. ``{"start": accuracy, "rows": {row: [accuracy of seed 0, ...]}}``."""
+    """Final accuracy with ``k`` answers a held-out problem (:func:`evaluate_run`: every row's on the same problems
+    and sampling settings) of each run's checkpoint at step ``steps`` (None where the run saved none there and no
+    answers are kept) and of the start model (``<out>/start/eval-k<k>/``). Each answer file is reused by a later
+    call with the same model, ``k`` and overrides. ``{"start": accuracy, "rows": {row: [accuracy of seed 0, ...]}}``."""
+    rows: dict[str, list[float | None]] = {}
+    for name, seed, _, run_dir in plan:
+        accuracy = evaluate_run(run_dir, steps, k, config_name, extra)
+        if accuracy is None:
+            print(f"{name} / seed {seed}: no checkpoint at step {steps} under {run_dir}; not evaluated", flush=True)
+        rows.setdefault(name, []).append(accuracy)
+    start = evaluate_run_model(start_model, out / "start", k, config_name, extra)
+    return {"start": start, "rows": rows}
+
+
+def evaluate_run_model(model: Path, where: Path, k: int, config_name: str, extra: list[str]) -> float:
+    """A model folder's mean accuracy at ``k`` answers a held-out problem, its answers under ``where``."""
     import statistics
 
     from bench.experiments.paired_eval import evaluate, per_problem
 
-    def accuracy(model: Path, where: Path) -> float:
-        return statistics.fmean(per_problem(evaluate(model, f"eval-k{k}", where, k, config_name, extra)).values())
+    return statistics.fmean(per_problem(evaluate(model, f"eval-k{k}", where, k, config_name, extra)).values())
 
-    rows: dict[str, list[float | None]] = {}
-    for name, seed, _, run_dir in plan:
-        actor = run_dir / f"global_step_{steps}" / "actor"
-        saved = (actor / "config.json").is_file()
-        if not saved:
-            print(f"{name} / seed {seed}: no checkpoint at step {steps} ({actor}); not evaluated", flush=True)
-        rows.setdefault(name, []).append(accuracy(actor, run_dir) if saved else None)
-    return {"start": accuracy(start_model, out / "start"), "rows": rows}
+
+START_MODEL_FILE = "start_model.json"
+
+
+def fingerprint(model: Path) -> str:
+    """sha256 over a Hugging Face folder's weights (its ``*.safetensors``, by name and content)."""
+    digest = hashlib.sha256()
+    for file in sorted(Path(model).glob("*.safetensors")):
+        digest.update(file.name.encode())
+        with open(file, "rb") as stream:
+            while chunk := stream.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_start_model(out: Path, model: Path) -> None:
+    """Record the start model's weights (:func:`fingerprint`) in ``<out>/start_model.json`` on the first call; on a
+    later one, refuse to add to or report runs that another start model began (a rebuilt ``make model`` whose
+    weights came out different): every row's seeds must start from the same weights to be paired."""
+    record = out / START_MODEL_FILE
+    current = {"path": str(Path(model).resolve()), "sha256": fingerprint(model)}
+    if not record.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(current, indent=1) + "\n")
+        return
+    recorded = json.loads(record.read_text())
+    if recorded["sha256"] != current["sha256"]:
+        raise SystemExit(
+            f"bench.experiments.ablation: the runs under {out} started from other weights than {model} holds now "
+            f"(sha256 {recorded['sha256'][:12]} recorded in {record}, {current['sha256'][:12]} now): rebuild the "
+            "start model that trained them, or start the plan over with --fresh (or another --out)"
+        )
 
 
 def finished(run_dir: Path) -> bool:
@@ -109,9 +160,12 @@ def run_all(
     jobs: int,
     config_name: str = CONFIG_NAME,
     deadline_s: float | None = None,
+    on_finished: Callable[[Path], object] | None = None,
 ) -> tuple[list[str], int]:
     """Run every unfinished (row, seed) of ``plan``, ``jobs`` at a time, starting none once ``deadline_s`` seconds
-    have passed; return the failures' descriptions and the count of runs left unstarted."""
+    have passed, and call ``on_finished`` with each run's folder as it ends well (the final evaluation, so that it
+    is kept with the run while its checkpoint is there); return the failures' descriptions and the count of runs
+    left unstarted."""
     todo = [p for p in plan if not finished(p[3])]
     if len(todo) < len(plan):
         print(f"reusing {len(plan) - len(todo)} finished run(s) under {plan[0][3].parents[1]}")
@@ -121,7 +175,10 @@ def run_all(
         if deadline_s is not None and time.perf_counter() - start >= deadline_s:
             skipped.append(name)
             return None
-        return run_one(name, overrides, run_dir, config_name)
+        result = run_one(name, overrides, run_dir, config_name)
+        if result[2] == 0 and on_finished is not None:
+            on_finished(run_dir)
+        return result
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [
