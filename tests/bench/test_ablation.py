@@ -506,13 +506,25 @@ def test_leave_one_out_runs_in_pieces_and_reports_each_technique_against_full_da
     assert "stopped after 0 min with 3 of 3 runs to go; the same command continues" in printed
     assert not (out / "report.md").exists() and not figures_path.exists()
 
+    # --rows runs those rows' runs alone and stops without a report
+    assert ablation.main([*args, "--rows", "without dynamic sampling"]) == 0
+    printed = capsys.readouterr().out
+    assert "(0 done), 2 at a time, under" in printed and "running 1 of its runs (--rows)" in printed
+    assert "the runs of without dynamic sampling are done; the plan's command (without --rows) reports" in printed
+    assert (out / "without_dynamic_sampling" / "seed0" / "ablation_done.json").is_file()
+    assert not (out / "dapo").exists() and not (out / "report.md").exists()
+    with pytest.raises(SystemExit):
+        ablation.main([*args, "--rows", "without soft overlong punishment"])  # not a row of this plan
+    assert "its rows: DAPO, without clip-higher, without dynamic sampling" in capsys.readouterr().err
+
     # with --eval-k, each run's last checkpoint answers as soon as the run ends, before the next is counted done
     assert ablation.main([*args, "--eval-k", "2"]) == 0
     printed = capsys.readouterr().out
-    assert printed.index("eval-k2: ") < printed.index("[1/3]")
-    # 4 models answered (3 runs, the start model); the report reuses the runs' answers
+    assert "reusing 1 finished run(s)" in printed and printed.index("eval-k2: ") < printed.index("[1/2]")
+    # 4 models answered: 2 runs as they end, the run of --rows (trained without --eval-k) and the start model at
+    # the report, which reuses the first two's answers
     assert printed.count("eval-k2: ") - printed.count("eval-k2: reusing") == 4
-    assert printed.count("eval-k2: reusing") == 3
+    assert printed.count("eval-k2: reusing") == 2
     figures = json.loads(figures_path.read_text())
     assert figures["design"] == "leave-one-out"
     assert [r["name"] for r in figures["rows"]] == ["DAPO", "without clip-higher", "without dynamic sampling"]

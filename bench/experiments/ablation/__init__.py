@@ -70,11 +70,14 @@ interval lies wholly on the paper's side of 0, "not shown" when it includes 0, "
 
 Run: python -m bench.experiments.ablation [--preset NAME] [--config-name NAME] [--design D] [--techniques T,...]
                                          [--quick] [--device cuda] [--seeds N] [--jobs N] [--stop-after MINUTES]
-                                         [--eval-k K] [--report-finished] [--json PATH] [--out DIR] [key=value ...]
+                                         [--eval-k K] [--report-finished] [--rows NAME,...] [--json PATH] [--out DIR]
+                                         [key=value ...]
 It says at the start how many training steps the plan is and how many are done; ``--stop-after`` starts no run
 after that many minutes, so a long plan runs in pieces of the same command. Runs go seed by seed (every row's seed 0,
 then every row's seed 1), so a plan stopped part-way holds whole paired seeds; ``--report-finished`` starts no run
-and reports over the seeds every row has finished (the JSON's ``seeds``, of ``seeds_planned``).
+and reports over the seeds every row has finished (the JSON's ``seeds``, of ``seeds_planned``). ``--rows`` runs
+only the named rows' runs of the plan (``--seeds`` of them) and stops without a report: a piece chosen to fit the
+time left, such as the two short runs without dynamic sampling side by side.
 Presets (``PRESETS``, a list of overrides each): default 5 seeds x 6 rows of 60 steps, as many runs at a time as
 CPUs, one torch thread each (docs/ablation.md: 49 minutes on 2 cores, plus a one-time 7-minute warm-up
 of the start model when it is not cached); ``--quick`` 2 seeds, 8 steps, validation on 64 problems every 4 steps;

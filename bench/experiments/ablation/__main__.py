@@ -86,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="start no run: report over the seeds that every row has finished (a long plan's interim figures)",
     )
+    p.add_argument(
+        "--rows",
+        default=None,
+        metavar="NAME,...",
+        help="run only these rows' runs of the plan (by name, comma-separated), then stop without a report: a piece "
+        "chosen to fit the time left, e.g. two short runs side by side; the plan's command reports",
+    )
     p.add_argument("--fresh", action="store_true", help="delete earlier runs under --out instead of reusing them")
     p.add_argument("--print-commands", action="store_true", help="print each run's dapo-train command and exit")
     p.add_argument(
@@ -132,8 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, row in table_rows:
             run_dir = out / slug(name) / f"seed{seed}"
             plan.append((name, seed, run_overrides(row, seed, run_dir, extra), run_dir))
+    if args.rows is not None:
+        names = [name for name, _ in table_rows]
+        only = [name.strip() for name in args.rows.split(",")]
+        if unknown := [name for name in only if name not in names]:
+            p.error(f"--rows: no row {', '.join(map(repr, unknown))} in this plan (its rows: {', '.join(names)})")
+    selected = plan if args.rows is None else [entry for entry in plan if entry[0] in only]
     if args.print_commands:
-        for name, seed, overrides, _ in plan:
+        for name, seed, overrides, _ in selected:
             print(f"# {name}, seed {seed}\ndapo-train --config-name {config_name} {' '.join(overrides)}")
         return 0
     if args.fresh and out.exists():
@@ -143,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"ablation ({design}): {len(table_rows)} rows x {seeds} seeds x {steps} steps = {len(plan) * steps} training "
         f"steps ({done} done), {jobs} at a time, under {out}"
+        + ("" if args.rows is None else f"; running {len(selected)} of its runs (--rows)")
     )
     start_model = prepare_start_model(extra, config_name)
     check_start_model(out, start_model)
@@ -161,15 +175,18 @@ def main(argv: list[str] | None = None) -> int:
         def evaluate_now(run_dir):  # while its checkpoint is there: the answers stay with the run's records
             return evaluate_run(run_dir, steps, eval_k, config_name, extra) if eval_k > 0 else None
 
-        failures, unfinished = run_all(plan, jobs, config_name, deadline, evaluate_now)
+        failures, unfinished = run_all(selected, jobs, config_name, deadline, evaluate_now)
         if failures:
             print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
             return 1
         if unfinished:
             print(
-                f"ablation: stopped after {args.stop_after:g} min with {unfinished} of {len(plan)} runs to go; the "
+                f"ablation: stopped after {args.stop_after:g} min with {unfinished} of {len(selected)} runs to go; the "
                 "same command continues (finished runs are reused, an interrupted one resumes from its checkpoint)"
             )
+            return 0
+        if args.rows is not None:
+            print(f"ablation: the runs of {args.rows} are done; the plan's command (without --rows) reports")
             return 0
 
     results = {name: [] for name, _ in table_rows}
