@@ -62,11 +62,16 @@ def model_name(model: Path, out: Path) -> str:
     return str(model.relative_to(out)) if model.is_relative_to(out) else str(model)
 
 
+def answers_file(out: Path, label: str) -> Path:
+    """Where :func:`evaluate` keeps a model's answers: ``<out>/<label>/0.jsonl``."""
+    return Path(out) / label / "0.jsonl"
+
+
 def evaluate(model: Path, label: str, out: Path, k: int, config_name: str, overrides: list[str]) -> Path:
     """``<out>/<label>/0.jsonl``: every validation problem answered ``k`` times by ``model`` (reused when the
     model, ``k`` and the overrides are those of the call that wrote it, :func:`model_name`; the model need not be
     there any more)."""
-    responses = out / label / "0.jsonl"
+    responses = answers_file(out, label)
     identity = {"model": model_name(model, out), "k": k, "config_name": config_name, "overrides": overrides}
     stamp = out / label / "identity.json"
     if responses.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == identity:

@@ -139,12 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, row in table_rows:
             run_dir = out / slug(name) / f"seed{seed}"
             plan.append((name, seed, run_overrides(row, seed, run_dir, extra), run_dir))
+    selected = plan
     if args.rows is not None:
         names = [name for name, _ in table_rows]
         only = [name.strip() for name in args.rows.split(",")]
         if unknown := [name for name in only if name not in names]:
             p.error(f"--rows: no row {', '.join(map(repr, unknown))} in this plan (its rows: {', '.join(names)})")
-    selected = plan if args.rows is None else [entry for entry in plan if entry[0] in only]
+        selected = [entry for entry in plan if entry[0] in only]
     if args.print_commands:
         for name, seed, overrides, _ in selected:
             print(f"# {name}, seed {seed}\ndapo-train --config-name {config_name} {' '.join(overrides)}")
@@ -173,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         deadline = None if args.stop_after is None else args.stop_after * 60
 
         def evaluate_now(run_dir):  # while its checkpoint is there: the answers stay with the run's records
-            return evaluate_run(run_dir, steps, eval_k, config_name, extra) if eval_k > 0 else None
+            return evaluate_run(run_dir, steps, eval_k, config_name, extra)
 
-        failures, unfinished = run_all(selected, jobs, config_name, deadline, evaluate_now)
+        failures, unfinished = run_all(selected, jobs, config_name, deadline, evaluate_now if eval_k > 0 else None)
         if failures:
             print("runs failed:\n  " + "\n  ".join(failures), file=sys.stderr)
             return 1

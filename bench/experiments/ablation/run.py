@@ -40,17 +40,14 @@ def prepare_start_model(extra: list[str], config_name: str = CONFIG_NAME) -> Pat
     return c.tiny.model_dir(torch.device("cuda" if cuda else "cpu"))
 
 
-def answers(run_dir: Path, k: int) -> Path:
-    """The answer file of a run's final checkpoint at ``k`` answers a problem (``<run>/eval-k<k>/0.jsonl``)."""
-    return run_dir / f"eval-k{k}" / "0.jsonl"
-
-
 def evaluate_run(run_dir: Path, steps: int, k: int, config_name: str, extra: list[str]) -> float | None:
     """The run's checkpoint at step ``steps`` answering every held-out problem ``k`` times
     (:mod:`bench.experiments.paired_eval`, one validation run of the model): its mean accuracy, from the answers
     kept in the run's folder where they are (the checkpoint may be gone then), None where neither is there."""
+    from bench.experiments.paired_eval import answers_file
+
     actor = run_dir / f"global_step_{steps}" / "actor"
-    if not (actor / "config.json").is_file() and not answers(run_dir, k).is_file():
+    if not (actor / "config.json").is_file() and not answers_file(run_dir, f"eval-k{k}").is_file():
         return None
     return evaluate_run_model(actor, run_dir, k, config_name, extra)
 
