@@ -34,7 +34,7 @@ train: setup
 	@$(VENV)/bin/dapo-train $(ARGS)
 
 # TEST_WORKERS: pytest-xdist workers; auto is a core each, at most one per 10 GiB (tests/conftest.py), 0 runs the
-# tests in one process. The suite's long tests go first and fill the workers (docs/testing.md, "Two at a time").
+# tests in one process. The suite's long tests go first and fill the workers (docs/testing.md, "Two tests at a time").
 TEST_WORKERS ?= auto
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
