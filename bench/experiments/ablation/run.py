@@ -47,7 +47,7 @@ def evaluate_run(run_dir: Path, steps: int, k: int, config_name: str, extra: lis
     from bench.experiments.paired_eval import answers_file
 
     actor = run_dir / f"global_step_{steps}" / "actor"
-    if not (actor / "config.json").is_file() and not answers_file(run_dir, f"eval-k{k}").is_file():
+    if not (actor / "config.json").is_file() and not answers_file(run_dir, eval_label(k)).is_file():
         return None
     return evaluate_run_model(actor, run_dir, k, config_name, extra)
 
@@ -75,13 +75,18 @@ def evaluate_runs(
     return {"start": start, "rows": rows}
 
 
+def eval_label(k: int) -> str:
+    """The folder of a model's answers at ``k`` answers a problem, under its run's (``eval-k<k>``)."""
+    return f"eval-k{k}"
+
+
 def evaluate_run_model(model: Path, where: Path, k: int, config_name: str, extra: list[str]) -> float:
     """A model folder's mean accuracy at ``k`` answers a held-out problem, its answers under ``where``."""
     import statistics
 
     from bench.experiments.paired_eval import evaluate, per_problem
 
-    return statistics.fmean(per_problem(evaluate(model, f"eval-k{k}", where, k, config_name, extra)).values())
+    return statistics.fmean(per_problem(evaluate(model, eval_label(k), where, k, config_name, extra)).values())
 
 
 START_MODEL_FILE = "start_model.json"
